@@ -1,0 +1,64 @@
+import { randomUUID } from 'node:crypto';
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
+import { ConfigError, type Config } from '../shared/config.js';
+import { createLogger, type Logger } from '../shared/logger.js';
+import { TokenVerifier } from '../shared/tokens.js';
+import { authPlugin } from './plugins/auth.js';
+import { errorsPlugin } from './plugins/errors.js';
+import { batchRoutes } from './routes/batches.js';
+import { cryptoRoutes } from './routes/crypto.js';
+import { healthRoutes } from './routes/health.js';
+import { keyRoutes } from './routes/keys.js';
+import { createApiServices, type ApiServices } from './services.js';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    services: ApiServices;
+    keyfleet: Config;
+  }
+}
+
+export interface AppOptions {
+  readonly config: Config;
+  /** Defaults to a pino logger at LOG_LEVEL on stdout; tests pass one writing to a stream they read. */
+  readonly logger?: Logger;
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
+
+/** Builds the API without listening. Everything it opens is closed by `app.close()`. */
+export async function buildApp({ config, logger }: AppOptions): Promise<FastifyInstance> {
+  if (config.tokens.length === 0) {
+    throw new ConfigError('invalid configuration:\n  KEYFLEET_TOKENS: required by the API (tenant:token[:scope+scope], comma-separated)');
+  }
+  const verifier = new TokenVerifier(config.tokens);
+  const app = Fastify({
+    loggerInstance: (logger ?? createLogger({ level: config.logLevel, name: 'keyfleet-api' })) as FastifyBaseLogger,
+    bodyLimit: config.maxBodyBytes,
+    // A caller's request id is kept when it is sane, so one id follows a request into its batch.
+    genReqId: (req) => {
+      const given = req.headers['x-request-id'];
+      return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+    },
+  });
+  app.setValidatorCompiler(validatorCompiler);
+  app.setSerializerCompiler(serializerCompiler);
+
+  const services = createApiServices(config);
+  app.decorate('services', services);
+  app.decorate('keyfleet', config);
+  app.addHook('onSend', async (request, reply) => {
+    reply.header('x-request-id', request.id);
+  });
+  app.addHook('preClose', async () => services.events.shutdown());
+  app.addHook('onClose', async () => services.close());
+
+  await app.register(errorsPlugin);
+  await app.register(authPlugin, { verifier });
+  await app.register(healthRoutes);
+  await app.register(keyRoutes);
+  await app.register(cryptoRoutes);
+  await app.register(batchRoutes);
+  return app;
+}

@@ -1,0 +1,94 @@
+import type { Queue } from 'bullmq';
+import type { BatchStore, BatchSpec } from '../shared/batch-store.js';
+import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
+import { chunkJobId, CHUNK_JOB } from '../shared/queue.js';
+import type { ChunkJobData } from '../shared/schemas.js';
+
+export interface IntakeOptions {
+  readonly chunkItems: number;
+  readonly maxItemBytes: number;
+}
+
+/**
+ * Turns a stream of items into stored, queued chunks. Parsers call `add`/`reject` synchronously;
+ * the upload loop awaits `drain()` between body pieces, so at most one chunk (plus one body
+ * piece) is ever held in memory whatever the size of the batch.
+ */
+export class BatchIntake {
+  readonly #store: BatchStore;
+  readonly #queue: Queue<ChunkJobData>;
+  readonly #spec: BatchSpec;
+  readonly #options: IntakeOptions;
+  readonly #packer = new ChunkPacker();
+  readonly #full: Array<{ packed: Buffer; count: number }> = [];
+  #chunks = 0;
+  #total = 0;
+  #enqueuedItems = 0;
+  readonly batchId: string;
+
+  constructor(batchId: string, spec: BatchSpec, store: BatchStore, queue: Queue<ChunkJobData>, options: IntakeOptions) {
+    this.batchId = batchId;
+    this.#spec = spec;
+    this.#store = store;
+    this.#queue = queue;
+    this.#options = options;
+  }
+
+  get total(): number {
+    return this.#total;
+  }
+
+  /** Adds an item given as the UTF-8 bytes of its string. */
+  add(bytes: Buffer): void {
+    if (bytes.length > this.#options.maxItemBytes) this.#packer.addRejected(ITEM_TOO_LARGE);
+    else this.#packer.add(bytes);
+    this.#counted();
+  }
+
+  /** Adds an item that is not a string; it fails alone, in its place. */
+  rejectNotString(): void {
+    this.#packer.addRejected(ITEM_NOT_STRING);
+    this.#counted();
+  }
+
+  rejectTooLarge(): void {
+    this.#packer.addRejected(ITEM_TOO_LARGE);
+    this.#counted();
+  }
+
+  /** Stores and enqueues every full chunk. */
+  async drain(): Promise<void> {
+    while (this.#full.length > 0) {
+      const { packed, count } = this.#full.shift()!;
+      await this.#enqueue(packed, count);
+    }
+  }
+
+  /** Flushes the last partial chunk and seals the batch: it can now complete. */
+  async finish(): Promise<number> {
+    await this.drain();
+    if (this.#packer.count > 0) {
+      const count = this.#packer.count;
+      await this.#enqueue(this.#packer.take(), count);
+    }
+    await this.#store.seal(this.batchId);
+    return this.#total;
+  }
+
+  #counted(): void {
+    this.#total++;
+    if (this.#packer.count >= this.#options.chunkItems) {
+      const count = this.#packer.count;
+      this.#full.push({ packed: this.#packer.take(), count });
+    }
+  }
+
+  async #enqueue(packed: Buffer, count: number): Promise<void> {
+    const chunk = this.#chunks++;
+    const firstIndex = this.#enqueuedItems;
+    this.#enqueuedItems += count;
+    await this.#store.addChunk(this.batchId, chunk, packed, count);
+    const data: ChunkJobData = { batchId: this.batchId, tenant: this.#spec.tenant, chunk, firstIndex, count, op: this.#spec.op, key: this.#spec.key, encoding: this.#spec.encoding };
+    await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });
+  }
+}

@@ -1,0 +1,29 @@
+import type { FastifyInstance } from 'fastify';
+import type { BatchSpec } from '../shared/batch-store.js';
+import { KeyfleetError } from '../shared/errors.js';
+import { BatchIntake } from './batch-intake.js';
+
+/**
+ * Creates a batch and feeds it from `fill`, which adds items to the intake as they arrive.
+ * A batch is sealed only after its last item is stored; an upload that fails part way ends
+ * the batch as failed, so a half upload is never processed as if complete.
+ */
+export async function submitBatch(app: FastifyInstance, spec: BatchSpec, fill: (intake: BatchIntake) => Promise<void>): Promise<{ batchId: string; total: number }> {
+  const { batches, queue, keyCache } = app.services;
+  await keyCache.get(spec.tenant, spec.key); // 404 before any byte of the body is read
+  const batchId = await batches.create(spec);
+  const intake = new BatchIntake(batchId, spec, batches, queue, { chunkItems: app.keyfleet.chunkItems, maxItemBytes: app.keyfleet.maxItemBytes });
+  try {
+    await fill(intake);
+    if (intake.total === 0) throw new KeyfleetError('KF_VALIDATION', 'the upload holds no items');
+    await intake.finish();
+  } catch (err) {
+    const error = err instanceof KeyfleetError ? err : isAbort(err) ? new KeyfleetError('KF_UPLOAD_ABORTED', undefined, { cause: err }) : undefined;
+    await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => {});
+    throw error ?? err;
+  }
+  return { batchId, total: intake.total };
+}
+
+const isAbort = (err: unknown): boolean =>
+  err instanceof Error && ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || err.message === 'aborted');

@@ -1,0 +1,51 @@
+import type { FastifyError, FastifyInstance } from 'fastify';
+import fp from 'fastify-plugin';
+import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
+import { KeyfleetError, type ErrorCode } from '../../shared/errors.js';
+
+/** Fastify's own client errors, mapped onto the catalogue. */
+const FASTIFY_CODES: Record<string, ErrorCode> = {
+  FST_ERR_CTP_BODY_TOO_LARGE: 'KF_PAYLOAD_TOO_LARGE',
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: 'KF_UNSUPPORTED_MEDIA_TYPE',
+  FST_ERR_CTP_EMPTY_JSON_BODY: 'KF_INVALID_JSON',
+  FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'KF_BAD_REQUEST',
+};
+
+const isRedisDown = (err: Error): boolean =>
+  /ECONNREFUSED|Connection is closed|MaxRetriesPerRequest|Stream isn't writeable|ETIMEDOUT/.test(err.message);
+
+/** Turns every error into `{"error": {"code", "message"}}` with a catalogue status; 5xx never carry detail. */
+export const errorsPlugin = fp(async (app: FastifyInstance) => {
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    let error: KeyfleetError;
+    if (err instanceof KeyfleetError) {
+      error = err;
+    } else if (hasZodFastifySchemaValidationErrors(err)) {
+      const where = err.validationContext ?? 'request';
+      const detail = err.validation
+        .slice(0, 5)
+        .map((v) => `${where}${v.instancePath.replaceAll('/', '.')}: ${v.message}`)
+        .join('; ');
+      error = new KeyfleetError('KF_VALIDATION', detail);
+    } else if (err.code && FASTIFY_CODES[err.code]) {
+      error = new KeyfleetError(FASTIFY_CODES[err.code]!);
+    } else if (err instanceof SyntaxError || err.code === 'FST_ERR_CTP_INVALID_JSON_BODY') {
+      error = new KeyfleetError('KF_INVALID_JSON');
+    } else if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) {
+      error = new KeyfleetError('KF_BAD_REQUEST');
+    } else if (isRedisDown(err)) {
+      request.log.warn({ err: { message: err.message } }, 'redis unavailable');
+      error = new KeyfleetError('KF_REDIS_UNAVAILABLE');
+    } else {
+      request.log.error({ err }, 'unhandled error');
+      error = new KeyfleetError('KF_INTERNAL');
+    }
+    if (error.code === 'KF_REDIS_UNAVAILABLE') reply.header('retry-after', '5');
+    return reply.status(error.status).send({ error: error.toBody() });
+  });
+
+  app.setNotFoundHandler((_request, reply) => {
+    const error = new KeyfleetError('KF_NOT_FOUND');
+    return reply.status(error.status).send({ error: error.toBody() });
+  });
+});

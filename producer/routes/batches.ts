@@ -1,0 +1,89 @@
+import { Readable } from 'node:stream';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
+import { KeyfleetError } from '../../shared/errors.js';
+import { batchParams, createBatchQuery } from '../../shared/schemas.js';
+import { submitBatch } from '../batch-submit.js';
+import { readJsonItems } from '../json-items.js';
+import { readNdjsonItems } from '../ndjson-items.js';
+import { principalOf, requireScope } from '../plugins/auth.js';
+import { streamBatchEvents } from '../sse.js';
+
+const NDJSON = 'application/x-ndjson';
+
+/** The async path: bulk uploads become batches; status, progress, results and cancellation. */
+export async function batchRoutes(app: FastifyInstance): Promise<void> {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  const { batches } = app.services;
+
+  // Uploads are streamed into chunks by the route itself: hand it the raw body, unread.
+  app.removeContentTypeParser(['application/json']);
+  for (const type of ['application/json', NDJSON]) {
+    app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
+  }
+
+  r.post('/v1/batches', { config: { scope: 'batches' }, schema: { querystring: createBatchQuery } }, async (request, reply) => {
+    const { op, key, encoding } = request.query;
+    const { tenant } = requireScope(request, op);
+    const body = request.body as AsyncIterable<Buffer> | undefined;
+    if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
+    const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
+    const maxLine = app.keyfleet.maxItemBytes * 6 + 2; // a JSON string may escape every byte as \u00XX
+    const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding }, (intake) =>
+      ndjson ? readNdjsonItems(body, intake, maxLine) : readJsonItems(body, intake),
+    );
+    request.log.info({ batchId, op, total }, 'batch accepted');
+    return reply.status(202).send({ batchId, status: 'queued', total });
+  });
+
+  r.get('/v1/batches/:id', { schema: { params: batchParams } }, async (request) => {
+    return publicStatus(await readableBatch(request, batches, request.params.id));
+  });
+
+  r.get('/v1/batches/:id/results', { schema: { params: batchParams } }, async (request, reply) => {
+    const batch = await readableBatch(request, batches, request.params.id);
+    if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
+    if (batch.status !== 'completed') {
+      throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
+    }
+    reply.header('content-type', NDJSON);
+    return reply.send(Readable.from(resultChunks(batches, batch.id, batch.chunks), { objectMode: false }));
+  });
+
+  r.get('/v1/batches/:id/events', { schema: { params: batchParams } }, async (request, reply) => {
+    const batch = await readableBatch(request, batches, request.params.id);
+    await streamBatchEvents(app, request, reply, batch.id);
+  });
+
+  r.delete('/v1/batches/:id', { schema: { params: batchParams } }, async (request) => {
+    const batch = await readableBatch(request, batches, request.params.id);
+    await batches.cancel(batch.id);
+    request.log.info({ batchId: batch.id }, 'batch cancelled and deleted');
+    return publicStatus((await batches.get(batch.id)) ?? batch);
+  });
+}
+
+/**
+ * The batch, if the caller may see it: another tenant's batch is 404 exactly like a missing one;
+ * the `batches` scope or the scope of the batch's own operation grants access.
+ */
+async function readableBatch(request: FastifyRequest, batches: BatchStore, id: string): Promise<BatchRecord> {
+  const principal = principalOf(request);
+  const batch = await batches.get(id);
+  if (!batch || batch.tenant !== principal.tenant) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
+  requireScope(request, 'batches', batch.op);
+  return batch;
+}
+
+/** Result lines chunk by chunk in input order, reading the next chunk while the current one is sent. */
+async function* resultChunks(batches: BatchStore, id: string, chunks: number): AsyncGenerator<Buffer> {
+  let next = chunks > 0 ? batches.readResults(id, 0) : undefined;
+  for (let chunk = 0; chunk < chunks; chunk++) {
+    const current = await next!;
+    next = chunk + 1 < chunks ? batches.readResults(id, chunk + 1) : undefined;
+    if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
+    yield current;
+  }
+}
+

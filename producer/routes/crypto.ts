@@ -1,0 +1,50 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { KeyfleetError } from '../../shared/errors.js';
+import { cryptoBody, cryptoParams, type BatchOp } from '../../shared/schemas.js';
+import { submitBatch } from '../batch-submit.js';
+import { principalOf } from '../plugins/auth.js';
+import { runSync } from '../sync-crypto.js';
+
+/**
+ * POST /v1/{encrypt,decrypt,rewrap}/{key}: up to SYNC_MAX_ITEMS items are answered in the
+ * response; more (or `mode: "async"`) become a batch and the answer is 202 with its id.
+ */
+export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
+  const r = app.withTypeProvider<ZodTypeProvider>();
+  const { keyCache } = app.services;
+  const { syncMaxItems, maxItemBytes } = app.keyfleet;
+
+  for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
+    r.post(`/v1/${op}/:key`, { config: { scope: op }, schema: { params: cryptoParams, body: cryptoBody } }, async (request, reply) => {
+      const { tenant } = principalOf(request);
+      const { items, encoding, mode } = request.body;
+      const key = request.params.key;
+      const goAsync = mode === 'async' || (mode === 'auto' && items.length > syncMaxItems);
+      if (mode === 'sync' && items.length > syncMaxItems) {
+        throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
+      }
+      if (goAsync) {
+        const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding }, async (intake) => {
+          for (const item of items) {
+            intake.add(Buffer.from(item, 'utf8'));
+            await intake.drain();
+          }
+        });
+        request.log.info({ batchId, op, total, route: 'async' }, 'request became a batch');
+        return reply.status(202).send({ batchId, status: 'queued', total });
+      }
+
+      const syncRequest = { op, items, encoding, maxItemBytes };
+      let ring = await keyCache.get(tenant, key);
+      const { results, newer } = runSync(syncRequest, ring);
+      if (newer.length > 0) {
+        // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
+        ring = await keyCache.get(tenant, key, { fresh: true });
+        const retried = runSync(syncRequest, ring, newer).results;
+        for (const i of newer) results[i] = retried[i]!;
+      }
+      return { results };
+    });
+  }
+}

@@ -1,0 +1,44 @@
+import type { Queue } from 'bullmq';
+import { BatchStore } from '../shared/batch-store.js';
+import { requireMasterKey, type Config } from '../shared/config.js';
+import { KeyCache } from '../shared/key-cache.js';
+import { KeyStore } from '../shared/key-store.js';
+import { MasterKey } from '../shared/master-key.js';
+import { createChunkQueue } from '../shared/queue.js';
+import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
+import type { ChunkJobData } from '../shared/schemas.js';
+import { BatchEvents } from './batch-events.js';
+
+/** The long-lived parts the API's routes share; `close()` releases every connection. */
+export interface ApiServices {
+  readonly redis: Redis;
+  readonly keys: RedisKeys;
+  readonly keyStore: KeyStore;
+  readonly keyCache: KeyCache;
+  readonly batches: BatchStore;
+  readonly queue: Queue<ChunkJobData>;
+  readonly events: BatchEvents;
+  close(): Promise<void>;
+}
+
+export function createApiServices(config: Config): ApiServices {
+  const redis = createRedis(config.redisUrl, { role: 'api' });
+  const keys = new RedisKeys(config.prefix);
+  const keyStore = new KeyStore(redis, keys, new MasterKey(requireMasterKey(config)));
+  const queueRedis = createRedis(config.redisUrl, { role: 'api' });
+  const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
+  const events = new BatchEvents(createRedis(config.redisUrl, { role: 'subscriber' }), keys);
+  return {
+    redis,
+    keys,
+    keyStore,
+    keyCache: new KeyCache(keyStore, config.keyCacheTtlMs),
+    batches: new BatchStore(redis, keys, config.resultTtlSeconds),
+    queue,
+    events,
+    async close() {
+      await Promise.allSettled([queue.close(), events.close()]);
+      await Promise.allSettled([redis.quit(), queueRedis.quit()]);
+    },
+  };
+}

@@ -1,0 +1,75 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { publicStatus } from '../shared/batch-store.js';
+import { TERMINAL_STATUSES } from '../shared/schemas.js';
+import { SHUTDOWN } from './batch-events.js';
+
+const POLL_MS = 2_000;
+const HEARTBEAT_MS = 15_000;
+
+/**
+ * Server-Sent Events for one batch: a `progress` event with the status now and after every
+ * change (pushed by Redis pub/sub, with a slow poll as a safety net), and a final `done` event
+ * carrying the terminal status, after which the stream ends.
+ */
+export async function streamBatchEvents(app: FastifyInstance, request: FastifyRequest, reply: FastifyReply, batchId: string): Promise<void> {
+  const { batches, events } = app.services;
+  reply.hijack();
+  const res = reply.raw;
+  res.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache, no-transform',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+    'x-request-id': request.id,
+  });
+
+  let ended = false;
+  let busy = false;
+  let again = false;
+  const timers: NodeJS.Timeout[] = [];
+  let unsubscribe = (): void => {};
+
+  const end = (): void => {
+    if (ended) return;
+    ended = true;
+    for (const t of timers) clearInterval(t);
+    unsubscribe();
+    res.end();
+  };
+
+  const send = async (): Promise<void> => {
+    if (busy) {
+      again = true;
+      return;
+    }
+    busy = true;
+    try {
+      do {
+        again = false;
+        const record = await batches.get(batchId);
+        if (ended) return;
+        if (!record) {
+          res.write(`event: done\ndata: ${JSON.stringify({ id: batchId, status: 'deleted' })}\n\n`);
+          return end();
+        }
+        const status = publicStatus(record);
+        const terminal = TERMINAL_STATUSES.has(status.status);
+        res.write(`event: ${terminal ? 'done' : 'progress'}\ndata: ${JSON.stringify(status)}\n\n`);
+        if (terminal) return end();
+      } while (again);
+    } catch (err) {
+      request.log.warn({ err: { message: (err as Error).message }, batchId }, 'event stream failed');
+      end();
+    } finally {
+      busy = false;
+    }
+  };
+
+  request.raw.on('close', end);
+  const stop = await events.subscribe(batchId, (event) => (event === SHUTDOWN ? end() : void send()));
+  if (ended) return stop();
+  unsubscribe = stop;
+  timers.push(setInterval(() => void send(), POLL_MS).unref());
+  timers.push(setInterval(() => res.write(': keep-alive\n\n'), HEARTBEAT_MS).unref());
+  await send();
+}

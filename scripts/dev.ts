@@ -1,0 +1,153 @@
+/**
+ * `npm start`: the all-in-one dev run. Finds a Redis (REDIS_URL, or starts a local
+ * `redis-server` when none answers), makes a dev master key and token once and keeps them in
+ * `.keyfleet-dev/` (git-ignored, so yesterday's ciphertexts still decrypt), then runs the API
+ * and one worker as child processes and prints how to call them.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join, resolve } from 'node:path';
+import { Redis } from 'ioredis';
+
+const root = resolve(import.meta.dirname, '..', '..');
+const devDir = join(root, '.keyfleet-dev');
+const secretsFile = join(devDir, 'secrets.json');
+
+interface DevSecrets {
+  masterKey: string;
+  token: string;
+}
+
+function devSecrets(): DevSecrets {
+  if (existsSync(secretsFile)) return JSON.parse(readFileSync(secretsFile, 'utf8')) as DevSecrets;
+  mkdirSync(devDir, { recursive: true });
+  const secrets = { masterKey: randomBytes(32).toString('base64'), token: `kf_dev_${randomBytes(18).toString('base64url')}` };
+  writeFileSync(secretsFile, JSON.stringify(secrets, null, 2) + '\n', { mode: 0o600 });
+  return secrets;
+}
+
+async function answers(url: string): Promise<boolean> {
+  const client = new Redis(url, { lazyConnect: true, connectTimeout: 1_000, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  client.on('error', () => {});
+  try {
+    await client.connect();
+    return (await client.ping()) === 'PONG';
+  } catch {
+    return false;
+  } finally {
+    client.disconnect();
+  }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const server = createServer();
+    server.once('error', fail);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => ok(port));
+    });
+  });
+}
+
+const children: ChildProcess[] = [];
+
+async function startRedis(): Promise<string> {
+  const port = await freePort();
+  const dir = join(devDir, 'redis');
+  mkdirSync(dir, { recursive: true });
+  const redis = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--appendonly', 'yes', '--maxmemory-policy', 'noeviction', '--save', ''], { stdio: 'ignore' });
+  children.push(redis);
+  await new Promise<void>((ok, fail) => {
+    redis.once('error', (err) => fail(new Error(`no Redis answers and redis-server could not be started: ${err.message}`)));
+    redis.once('spawn', () => ok());
+  });
+  const url = `redis://127.0.0.1:${port}`;
+  for (let i = 0; i < 50; i++) {
+    if (await answers(url)) return url;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`redis-server on port ${port} did not answer`);
+}
+
+function run(name: string, script: string, env: NodeJS.ProcessEnv): ChildProcess {
+  const child = spawn(process.execPath, [join(root, 'dist', script)], { env, stdio: ['ignore', 'inherit', 'inherit'] });
+  child.once('exit', (code, signal) => {
+    if (!stopping) {
+      console.error(`keyfleet ${name} exited (${signal ?? code}); stopping`);
+      void stop(1);
+    }
+  });
+  children.push(child);
+  return child;
+}
+
+let stopping = false;
+async function stop(code: number): Promise<void> {
+  if (stopping) return;
+  stopping = true;
+  await Promise.all(
+    children.reverse().map(
+      (child) =>
+        new Promise<void>((done) => {
+          if (child.exitCode !== null || child.signalCode !== null) return done();
+          child.once('exit', () => done());
+          child.kill('SIGTERM');
+        }),
+    ),
+  );
+  process.exit(code);
+}
+
+async function waitForHealth(url: string): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    try {
+      if ((await fetch(`${url}/readyz`)).ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`the API did not become ready at ${url}`);
+}
+
+const secrets = devSecrets();
+let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
+if (!(await answers(redisUrl))) {
+  console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
+  redisUrl = await startRedis();
+}
+const host = process.env['HOST'] ?? '127.0.0.1';
+const port = process.env['PORT'] ?? '8080';
+const env: NodeJS.ProcessEnv = {
+  ...process.env,
+  REDIS_URL: redisUrl,
+  HOST: host,
+  PORT: port,
+  KEYFLEET_MASTER_KEY: process.env['KEYFLEET_MASTER_KEY'] ?? secrets.masterKey,
+  KEYFLEET_TOKENS: process.env['KEYFLEET_TOKENS'] ?? `dev:${secrets.token}:encrypt+decrypt+rewrap+keys+batches+admin`,
+  LOG_LEVEL: process.env['LOG_LEVEL'] ?? 'warn',
+};
+for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => void stop(0));
+
+run('api', 'producer/main.js', env);
+run('worker', 'worker/main.js', env);
+const url = `http://${host}:${port}`;
+await waitForHealth(url);
+
+const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : secrets.token;
+const auth = `-H "Authorization: Bearer ${token}"`;
+console.log(`
+keyfleet is running (API + 1 worker, Redis at ${redisUrl})
+
+  URL:        ${url}
+  dev token:  ${token}   (tenant "dev", all scopes; kept in .keyfleet-dev/secrets.json)
+
+Try it:
+  curl -s -X POST ${url}/v1/keys/serials ${auth}
+  curl -s -X POST ${url}/v1/encrypt/serials ${auth} -H 'content-type: application/json' -d '{"items":["LIC-0001","LIC-0002"]}'
+
+Ctrl-C stops everything.
+`);

@@ -1,0 +1,115 @@
+import { availableParallelism } from 'node:os';
+import { z } from 'zod';
+import { parseTokens, type TokenEntry } from './tokens.js';
+
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+
+const masterKey = z
+  .string()
+  .transform((value, ctx) => {
+    const bytes = Buffer.from(value, 'base64');
+    // The value is a secret: the message names its length, never its content.
+    if (bytes.length !== 32 || bytes.toString('base64') !== value.trim()) {
+      ctx.addIssue({ code: 'custom', message: `expected base64 of exactly 32 bytes, got ${value.length} characters decoding to ${bytes.length} bytes` });
+      return z.NEVER;
+    }
+    return bytes;
+  })
+  .optional();
+
+const envSchema = z.object({
+  REDIS_URL: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').default('redis://127.0.0.1:6379'),
+  HOST: z.string().min(1).default('127.0.0.1'),
+  PORT: int(0, 65535).default(8080),
+  KEYFLEET_TOKENS: z.string().optional(),
+  KEYFLEET_MASTER_KEY: masterKey,
+  /** Redis key prefix; it must hold a `{hash tag}` so that every multi-key operation stays in one cluster slot. */
+  KEYFLEET_PREFIX: z.string().regex(/^\{[^{}]+\}$/, 'expected a hash tag such as {keyfleet}').default('{keyfleet}'),
+  /** Above this many items an `auto` request becomes a batch. */
+  SYNC_MAX_ITEMS: int(1, 100_000).default(500),
+  /** Items per queued chunk: large enough that queue and Redis costs are amortised, small enough to bound memory. */
+  CHUNK_ITEMS: int(1, 1_000_000).default(10_000),
+  WORKER_THREADS: int(1, 256).default(availableParallelism()),
+  /** Chunks one worker process holds at once; more than the thread count so Redis I/O overlaps crypto. */
+  WORKER_CONCURRENCY: int(1, 1024).optional(),
+  RESULT_TTL_SECONDS: int(60).default(86_400),
+  /** BullMQ lock on a chunk; a worker that dies loses its chunks to another after about this long. */
+  JOB_LOCK_MS: int(1000).default(30_000),
+  JOB_ATTEMPTS: int(1, 100).default(5),
+  /** How long a process trusts its cached key versions before it looks for a rotation. */
+  KEY_CACHE_TTL_MS: int(0).default(2_000),
+  MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
+  MAX_ITEM_BYTES: int(1).default(64 * 1024),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export interface Config {
+  readonly redisUrl: string;
+  readonly host: string;
+  readonly port: number;
+  readonly tokens: readonly TokenEntry[];
+  readonly masterKey: Buffer | undefined;
+  readonly prefix: string;
+  readonly syncMaxItems: number;
+  readonly chunkItems: number;
+  readonly workerThreads: number;
+  readonly workerConcurrency: number;
+  readonly resultTtlSeconds: number;
+  readonly jobLockMs: number;
+  readonly jobAttempts: number;
+  readonly keyCacheTtlMs: number;
+  readonly maxBodyBytes: number;
+  readonly maxItemBytes: number;
+  readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
+}
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Parses the environment once into a frozen config; fails naming each bad variable and what was expected. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = envSchema.safeParse(env);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((issue) => {
+      const name = issue.path.join('.');
+      const shown = name === 'KEYFLEET_MASTER_KEY' || name === 'KEYFLEET_TOKENS' ? '' : ` (got ${JSON.stringify(env[name])})`;
+      return `${name}: ${issue.message}${shown}`;
+    });
+    throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
+  }
+  const e = parsed.data;
+  let tokens: TokenEntry[];
+  try {
+    tokens = e.KEYFLEET_TOKENS ? parseTokens(e.KEYFLEET_TOKENS) : [];
+  } catch (err) {
+    throw new ConfigError(`invalid configuration:\n  KEYFLEET_TOKENS: ${(err as Error).message}`);
+  }
+  return Object.freeze({
+    redisUrl: e.REDIS_URL,
+    host: e.HOST,
+    port: e.PORT,
+    tokens: Object.freeze(tokens),
+    masterKey: e.KEYFLEET_MASTER_KEY,
+    prefix: e.KEYFLEET_PREFIX,
+    syncMaxItems: e.SYNC_MAX_ITEMS,
+    chunkItems: e.CHUNK_ITEMS,
+    workerThreads: e.WORKER_THREADS,
+    workerConcurrency: e.WORKER_CONCURRENCY ?? e.WORKER_THREADS * 2,
+    resultTtlSeconds: e.RESULT_TTL_SECONDS,
+    jobLockMs: e.JOB_LOCK_MS,
+    jobAttempts: e.JOB_ATTEMPTS,
+    keyCacheTtlMs: e.KEY_CACHE_TTL_MS,
+    maxBodyBytes: e.MAX_BODY_BYTES,
+    maxItemBytes: e.MAX_ITEM_BYTES,
+    logLevel: e.LOG_LEVEL,
+  });
+}
+
+/** The master key, or a clear failure for processes that cannot run without one. */
+export function requireMasterKey(config: Config): Buffer {
+  if (!config.masterKey) {
+    throw new ConfigError('invalid configuration:\n  KEYFLEET_MASTER_KEY: required (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)');
+  }
+  return config.masterKey;
+}

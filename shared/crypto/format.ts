@@ -1,0 +1,37 @@
+/**
+ * The ciphertext format `kf:v{version}:{base64(nonce ‖ ciphertext ‖ tag)}` and the associated
+ * data that binds a ciphertext to its key: the UTF-8 bytes of `kf:{keyName}:v{version}`.
+ */
+export const KEY_NAME = /^[A-Za-z0-9._-]{1,128}$/;
+
+export function associatedData(keyName: string, version: number): Buffer {
+  return Buffer.from(`kf:${keyName}:v${version}`, 'utf8');
+}
+
+export function formatCiphertext(version: number, sealed: Buffer): string {
+  return `kf:v${version}:${sealed.toString('base64')}`;
+}
+
+export interface ParsedCiphertext {
+  readonly version: number;
+  readonly sealed: Buffer;
+}
+
+const MAX_VERSION_DIGITS = 9;
+
+/** Parses the textual format; undefined when it is not one (the caller reports the uniform decrypt error). */
+export function parseCiphertext(text: string): ParsedCiphertext | undefined {
+  if (!text.startsWith('kf:v')) return undefined;
+  const colon = text.indexOf(':', 4);
+  if (colon < 5 || colon - 4 > MAX_VERSION_DIGITS) return undefined;
+  let version = 0;
+  for (let i = 4; i < colon; i++) {
+    const d = text.charCodeAt(i) - 48;
+    if (d < 0 || d > 9) return undefined;
+    version = version * 10 + d;
+  }
+  if (version < 1) return undefined;
+  const body = text.slice(colon + 1);
+  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(body)) return undefined;
+  return { version, sealed: Buffer.from(body, 'base64') };
+}

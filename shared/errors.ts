@@ -1,0 +1,59 @@
+/**
+ * The error catalogue. Codes are stable API: never reuse or rename one.
+ * Messages are fixed text that never carries a plaintext, ciphertext, token or key material.
+ */
+export const CATALOGUE = {
+  KF_UNAUTHORIZED: { status: 401, message: 'a valid bearer token is required' },
+  KF_FORBIDDEN: { status: 403, message: 'the token lacks the scope this route needs' },
+  KF_NOT_FOUND: { status: 404, message: 'no such route' },
+  KF_VALIDATION: { status: 400, message: 'the request does not match the schema' },
+  KF_INVALID_JSON: { status: 400, message: 'the body is not valid JSON' },
+  KF_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
+  KF_PAYLOAD_TOO_LARGE: { status: 413, message: 'the body is larger than the configured limit' },
+  KF_UNSUPPORTED_MEDIA_TYPE: { status: 415, message: 'expected application/json or application/x-ndjson' },
+  KF_SYNC_LIMIT: { status: 400, message: 'too many items for a synchronous request' },
+  KF_KEY_NOT_FOUND: { status: 404, message: 'no such key' },
+  KF_KEY_EXISTS: { status: 409, message: 'a key of that name exists with another type' },
+  KF_KEY_CONFLICT: { status: 409, message: 'the key changed concurrently; retry' },
+  KF_KEY_VERSION_INVALID: { status: 400, message: 'minDecryptionVersion must be between 1 and the latest version' },
+  KF_BATCH_NOT_FOUND: { status: 404, message: 'no such batch' },
+  KF_BATCH_NOT_READY: { status: 409, message: 'the batch has not completed' },
+  KF_BATCH_DELETED: { status: 410, message: 'the batch results were deleted' },
+  KF_UPLOAD_ABORTED: { status: 400, message: 'the upload ended before it was complete' },
+  KF_CHUNK_FAILED: { status: 500, message: 'a chunk of the batch failed on every attempt' },
+  KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later' },
+  KF_INTERNAL: { status: 500, message: 'internal error' },
+  // Item-level codes: they appear inside results, one per failed item.
+  KF_DECRYPT_FAILED: { status: 400, message: 'decryption failed' },
+  KF_KEY_VERSION_DISABLED: { status: 400, message: 'the ciphertext key version is below minDecryptionVersion' },
+  KF_INVALID_ITEM: { status: 400, message: 'the item is not a string' },
+  KF_INVALID_ENCODING: { status: 400, message: 'the item is not valid base64' },
+  KF_ITEM_TOO_LARGE: { status: 400, message: 'the item is larger than the configured limit' },
+  KF_NOT_UTF8: { status: 400, message: 'the plaintext is not valid UTF-8; request encoding "base64"' },
+} as const satisfies Record<string, { status: number; message: string }>;
+
+export type ErrorCode = keyof typeof CATALOGUE;
+
+export interface ErrorBody {
+  readonly code: ErrorCode;
+  readonly message: string;
+}
+
+export class KeyfleetError extends Error {
+  override name = 'KeyfleetError';
+  readonly code: ErrorCode;
+  readonly status: number;
+
+  constructor(code: ErrorCode, message: string = CATALOGUE[code].message, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.status = CATALOGUE[code].status;
+  }
+
+  toBody(): ErrorBody {
+    return { code: this.code, message: this.message };
+  }
+}
+
+/** The JSON of an item-level error, shared by the sync path and the batch kernel. */
+export const itemError = (code: ErrorCode): { error: ErrorBody } => ({ error: { code, message: CATALOGUE[code].message } });

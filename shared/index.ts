@@ -1,0 +1,12 @@
+export { BatchStore, publicStatus, type BatchRecord, type BatchSpec, type ChunkCompletion } from './batch-store.js';
+export { ChunkPacker, forEachItem, ITEM_NOT_STRING, ITEM_OK, ITEM_TOO_LARGE } from './chunk-codec.js';
+export { ConfigError, loadConfig, requireMasterKey, type Config } from './config.js';
+export { CATALOGUE, itemError, KeyfleetError, type ErrorCode } from './errors.js';
+export { KeyCache } from './key-cache.js';
+export { KeyStore } from './key-store.js';
+export { createLogger, type Logger } from './logger.js';
+export { MasterKey } from './master-key.js';
+export { chunkJobId, CHUNK_JOB, createChunkQueue } from './queue.js';
+export { createRedis, RedisKeys, type Redis } from './redis.js';
+export { parseTokens, SCOPES, TokenVerifier, type Principal, type Scope } from './tokens.js';
+export * from './schemas.js';

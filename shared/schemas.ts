@@ -1,0 +1,83 @@
+import { z } from 'zod';
+import { KEY_NAME } from './crypto/format.js';
+import { KEY_TYPES } from './crypto/key-ring.js';
+
+export const BATCH_OPS = ['encrypt', 'decrypt', 'rewrap'] as const;
+export type BatchOp = (typeof BATCH_OPS)[number];
+export const BATCH_STATUSES = ['queued', 'running', 'completed', 'failed', 'cancelled'] as const;
+export type BatchStatus = (typeof BATCH_STATUSES)[number];
+export const TERMINAL_STATUSES: ReadonlySet<BatchStatus> = new Set(['completed', 'failed', 'cancelled']);
+
+export const keyName = z.string().regex(KEY_NAME, 'expected 1-128 characters of [A-Za-z0-9._-]');
+export const encoding = z.enum(['utf8', 'base64']);
+export const batchOp = z.enum(BATCH_OPS);
+
+// ---- keys --------------------------------------------------------------------------------
+export const keyParams = z.object({ name: keyName });
+export const createKeyBody = z.object({ type: z.enum(KEY_TYPES).default('aes256-gcm96') }).strict();
+export const patchKeyBody = z.object({ minDecryptionVersion: z.number().int().min(1) }).strict();
+export const keyInfo = z.object({
+  name: z.string(),
+  type: z.enum(KEY_TYPES),
+  latestVersion: z.number().int(),
+  minDecryptionVersion: z.number().int(),
+  createdAt: z.string(),
+});
+export type KeyInfo = z.infer<typeof keyInfo>;
+
+// ---- sync crypto ---------------------------------------------------------------------------
+export const cryptoParams = z.object({ key: keyName });
+export const cryptoBody = z
+  .object({
+    items: z.array(z.string()),
+    encoding: encoding.default('utf8'),
+    mode: z.enum(['auto', 'sync', 'async']).default('auto'),
+  })
+  .strict();
+export type CryptoBody = z.infer<typeof cryptoBody>;
+
+const errorBody = z.object({ code: z.string(), message: z.string() });
+export const errorResponse = z.object({ error: errorBody });
+export const itemResult = z.union([
+  z.object({ ciphertext: z.string() }),
+  z.object({ plaintext: z.string() }),
+  z.object({ error: errorBody }),
+]);
+export const cryptoResponse = z.object({ results: z.array(itemResult) });
+
+// ---- batches -------------------------------------------------------------------------------
+export const createBatchQuery = z.object({
+  op: batchOp,
+  key: keyName,
+  encoding: encoding.default('utf8'),
+});
+export const batchParams = z.object({ id: z.string().regex(/^[A-Za-z0-9_-]{8,64}$/, 'expected a batch id') });
+export const batchAccepted = z.object({ batchId: z.string(), status: z.enum(BATCH_STATUSES), total: z.number().int() });
+export const batchStatus = z.object({
+  id: z.string(),
+  op: batchOp,
+  key: z.string(),
+  status: z.enum(BATCH_STATUSES),
+  total: z.number().int(),
+  processed: z.number().int(),
+  succeeded: z.number().int(),
+  failed: z.number().int(),
+  createdAt: z.string(),
+  finishedAt: z.string().optional(),
+  error: errorBody.optional(),
+});
+export type BatchStatusBody = z.infer<typeof batchStatus>;
+
+// ---- queue ---------------------------------------------------------------------------------
+/** A queued chunk references its input in Redis; it never carries items itself. */
+export const chunkJobData = z.object({
+  batchId: z.string().min(1),
+  tenant: z.string().min(1),
+  chunk: z.number().int().min(0),
+  firstIndex: z.number().int().min(0),
+  count: z.number().int().min(0),
+  op: batchOp,
+  key: keyName,
+  encoding,
+});
+export type ChunkJobData = z.infer<typeof chunkJobData>;

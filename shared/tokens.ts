@@ -1,0 +1,65 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
+
+export const SCOPES = ['encrypt', 'decrypt', 'rewrap', 'keys', 'batches', 'admin'] as const;
+export type Scope = (typeof SCOPES)[number];
+
+/** An entry without scopes may do everything but administer the service. */
+const DEFAULT_SCOPES: readonly Scope[] = SCOPES.filter((s) => s !== 'admin');
+
+export interface TokenEntry {
+  readonly tenant: string;
+  readonly token: string;
+  readonly scopes: ReadonlySet<Scope>;
+}
+
+export interface Principal {
+  readonly tenant: string;
+  readonly scopes: ReadonlySet<Scope>;
+}
+
+const NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
+/** Parses `tenant:token[:scope+scope…]` entries separated by commas. Errors never echo a token. */
+export function parseTokens(spec: string): TokenEntry[] {
+  const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
+  return entries.map((entry, index) => {
+    const [tenant, token, scopeList, extra] = entry.split(':');
+    if (!tenant || !NAME.test(tenant)) throw new Error(`entry ${index + 1}: expected a tenant name of [A-Za-z0-9._-], 1-64 characters`);
+    if (!token || token.length < 16) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at least 16 characters`);
+    if (extra !== undefined) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected tenant:token[:scope+scope], got more fields`);
+    const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
+    for (const s of scopes) {
+      if (!(SCOPES as readonly string[]).includes(s)) {
+        throw new Error(`entry ${index + 1} (tenant ${tenant}): unknown scope ${JSON.stringify(s)}, expected one of ${SCOPES.join(', ')}`);
+      }
+    }
+    return { tenant, token, scopes: new Set(scopes as Scope[]) };
+  });
+}
+
+const digest = (token: string): Buffer => createHash('sha256').update(token).digest();
+
+/**
+ * Resolves bearer tokens to principals. Tokens are compared as SHA-256 digests with
+ * timingSafeEqual against every entry, so neither the match position nor the length leaks.
+ */
+export class TokenVerifier {
+  readonly #entries: ReadonlyArray<{ digest: Buffer; principal: Principal }>;
+
+  constructor(entries: readonly TokenEntry[]) {
+    this.#entries = entries.map((e) => ({ digest: digest(e.token), principal: { tenant: e.tenant, scopes: e.scopes } }));
+  }
+
+  get size(): number {
+    return this.#entries.length;
+  }
+
+  verify(token: string): Principal | undefined {
+    const presented = digest(token);
+    let found: Principal | undefined;
+    for (const entry of this.#entries) {
+      if (timingSafeEqual(entry.digest, presented) && !found) found = entry.principal;
+    }
+    return found;
+  }
+}

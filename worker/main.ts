@@ -1,0 +1,27 @@
+import { loadConfig } from '../shared/config.js';
+import { createLogger } from '../shared/logger.js';
+import { startWorker } from './runner.js';
+
+/** The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0. */
+const config = loadConfig();
+const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
+const worker = startWorker(config, logger);
+
+let closing = false;
+for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+  process.once(signal, () => {
+    if (closing) return;
+    closing = true;
+    logger.info({ signal }, 'draining: finishing chunks in hand');
+    worker.close().then(
+      () => {
+        logger.info('worker stopped');
+        process.exit(0);
+      },
+      (err: unknown) => {
+        logger.error({ err }, 'shutdown failed');
+        process.exit(1);
+      },
+    );
+  });
+}

@@ -1,0 +1,53 @@
+import { Piscina } from 'piscina';
+import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
+import type { KeyRingData } from '../shared/crypto/key-ring.js';
+import { decodeResult, type DecodedResult, type ThreadTask } from './messages.js';
+
+export interface CryptoPoolOptions {
+  /** Threads in the pool; one per core by default (WORKER_THREADS). */
+  readonly threads: number;
+}
+
+/** A worker_threads pool (piscina) that runs whole chunks; the main thread only moves buffers. */
+export class CryptoPool {
+  readonly #pool: Piscina<ThreadTask, Uint8Array>;
+
+  constructor({ threads }: CryptoPoolOptions) {
+    if (!Number.isInteger(threads) || threads < 1) throw new RangeError(`CryptoPool: threads must be a positive integer, got ${threads}`);
+    this.#pool = new Piscina({
+      filename: new URL('./thread.js', import.meta.url).href,
+      minThreads: threads,
+      maxThreads: threads,
+      // Tasks wait in piscina's queue rather than in BullMQ's: the worker's concurrency bounds them.
+      idleTimeout: 60_000,
+    });
+  }
+
+  async run(job: ChunkJob, input: Buffer, ring: KeyRingData): Promise<DecodedResult> {
+    const owned = ownsArrayBuffer(input) ? input : new Uint8Array(input);
+    const task: ThreadTask = { job, input: owned, ring };
+    // Transfer, not copy: the chunk's bytes move to the thread and the result buffer moves back.
+    const result = await this.#pool.run(task, { transferList: [owned.buffer as ArrayBuffer] });
+    return decodeResult(result);
+  }
+
+  /** Share of thread time spent on tasks since start, 0..1. */
+  get utilization(): number {
+    return this.#pool.utilization;
+  }
+
+  get queueSize(): number {
+    return this.#pool.queueSize;
+  }
+
+  get threads(): number {
+    return this.#pool.threads.length;
+  }
+
+  close(): Promise<void> {
+    return this.#pool.close();
+  }
+}
+
+/** True when the view spans its whole ArrayBuffer (not a slice of Node's shared pool), so it may be transferred. */
+const ownsArrayBuffer = (view: Uint8Array): boolean => view.byteOffset === 0 && view.byteLength === view.buffer.byteLength;

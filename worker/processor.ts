@@ -1,0 +1,73 @@
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { BatchStore, ChunkCompletion } from '../shared/batch-store.js';
+import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
+import { KeyfleetError } from '../shared/errors.js';
+import type { KeyCache } from '../shared/key-cache.js';
+import type { Logger } from '../shared/logger.js';
+import { chunkJobData, type ChunkJobData } from '../shared/schemas.js';
+import type { CryptoPool } from './pool.js';
+
+export interface ProcessorDeps {
+  readonly batches: BatchStore;
+  readonly keyCache: KeyCache;
+  readonly pool: CryptoPool;
+  readonly logger: Logger;
+  readonly maxItemBytes: number;
+}
+
+export interface ChunkReport {
+  readonly chunk: number;
+  readonly count: number;
+  readonly completion: ChunkCompletion | 'input-gone';
+}
+
+/**
+ * The BullMQ processor of one chunk: read its packed inputs, run them in a thread, and account
+ * the result in one script. Running the same chunk twice (crash, retry, stall) is harmless: the
+ * script counts a chunk once, and a chunk already counted has had its inputs removed.
+ */
+export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes }: ProcessorDeps) {
+  return async (job: Job<ChunkJobData>): Promise<ChunkReport> => {
+    const parsed = chunkJobData.safeParse(job.data);
+    if (!parsed.success) throw new UnrecoverableError(`invalid chunk job: ${parsed.error.issues.map((i) => i.path.join('.') + ' ' + i.message).join('; ')}`);
+    const data = parsed.data;
+    const log = logger.child({ batchId: data.batchId, chunk: data.chunk, jobId: job.id });
+
+    const input = await batches.readInput(data.batchId, data.chunk);
+    if (!input) {
+      // Counted already (a rerun), or the batch was cancelled, failed or expired.
+      log.debug('chunk input gone; nothing to do');
+      return { chunk: data.chunk, count: 0, completion: 'input-gone' };
+    }
+
+    const spec: ChunkJob = { op: data.op, encoding: data.encoding, firstIndex: data.firstIndex, maxItemBytes };
+    let ring = await ringFor(keyCache, data);
+    let outcome = await pool.run(spec, input, ring.toData());
+    if (outcome.newerVersionSeen) {
+      // Some ciphertexts name a version newer than the cached ring: reload and run the chunk again.
+      const fresh = await ringFor(keyCache, data, true);
+      if (fresh.latestVersion > ring.latestVersion) {
+        ring = fresh;
+        const again = await batches.readInput(data.batchId, data.chunk);
+        if (again) outcome = await pool.run(spec, again, ring.toData());
+      }
+    }
+    if (outcome.count !== data.count) {
+      throw new UnrecoverableError(`chunk holds ${outcome.count} items, the job says ${data.count}`);
+    }
+
+    const completion = await batches.completeChunk(data.batchId, data.chunk, outcome);
+    if (completion === 'completed') log.info({ op: data.op }, 'batch completed');
+    else if (completion === 'duplicate') log.info('chunk already counted; this run discarded');
+    return { chunk: data.chunk, count: outcome.count, completion };
+  };
+}
+
+async function ringFor(keyCache: KeyCache, data: ChunkJobData, fresh = false) {
+  try {
+    return await keyCache.get(data.tenant, data.key, { fresh });
+  } catch (err) {
+    if (err instanceof KeyfleetError && err.code === 'KF_KEY_NOT_FOUND') throw new UnrecoverableError(`key ${data.key} does not exist`);
+    throw err;
+  }
+}

@@ -1,0 +1,62 @@
+import { UnrecoverableError, Worker } from 'bullmq';
+import { BatchStore } from '../shared/batch-store.js';
+import { requireMasterKey, type Config } from '../shared/config.js';
+import { KeyCache } from '../shared/key-cache.js';
+import { KeyStore } from '../shared/key-store.js';
+import type { Logger } from '../shared/logger.js';
+import { MasterKey } from '../shared/master-key.js';
+import { createRedis, RedisKeys } from '../shared/redis.js';
+import type { ChunkJobData } from '../shared/schemas.js';
+import { CryptoPool } from './pool.js';
+import { createChunkProcessor, type ChunkReport } from './processor.js';
+
+export interface RunningWorker {
+  /** Stops taking chunks, finishes the ones in hand, then closes the pool and connections. */
+  close(): Promise<void>;
+}
+
+/** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool. */
+export function startWorker(config: Config, logger: Logger): RunningWorker {
+  const redis = createRedis(config.redisUrl, { role: 'worker' });
+  const keys = new RedisKeys(config.prefix);
+  const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
+  const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
+  const pool = new CryptoPool({ threads: config.workerThreads });
+
+  const worker = new Worker<ChunkJobData, ChunkReport>(
+    keys.queueName,
+    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes }),
+    {
+      connection: createRedis(config.redisUrl, { role: 'worker' }),
+      prefix: keys.prefix,
+      concurrency: config.workerConcurrency,
+      // A chunk takes milliseconds; the lock only matters when a worker dies holding one.
+      lockDuration: config.jobLockMs,
+      stalledInterval: config.jobLockMs,
+      maxStalledCount: 3,
+    },
+  );
+
+  worker.on('failed', (job, err) => {
+    if (!job) return;
+    const { batchId, chunk } = job.data;
+    const final = err instanceof UnrecoverableError || err.name === 'UnrecoverableError' || job.attemptsMade >= (job.opts.attempts ?? 1);
+    logger.warn({ batchId, chunk, jobId: job.id, attempts: job.attemptsMade, final, err: { message: err.message } }, 'chunk failed');
+    if (final) {
+      batches.fail(batchId, 'KF_CHUNK_FAILED', `chunk ${chunk} failed after ${job.attemptsMade} attempt(s): ${err.message}`).then(
+        (changed) => changed && logger.warn({ batchId }, 'batch failed'),
+        (e: unknown) => logger.error({ err: e, batchId }, 'could not mark batch failed'),
+      );
+    }
+  });
+  worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'worker error'));
+  logger.info({ threads: pool.threads, concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}` }, 'worker started');
+
+  return {
+    async close() {
+      await worker.close();
+      await pool.close();
+      await Promise.allSettled([redis.quit(), worker.disconnect()]);
+    },
+  };
+}
