@@ -1,0 +1,78 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client } from '../helpers/client.js';
+import { testEnv } from '../helpers/env.js';
+import { freePort } from '../helpers/net.js';
+import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+
+// One thread, one chunk at a time, small chunks: the batch is long enough to be caught mid-way.
+// A short lock lets the replacement worker reclaim the dead worker's chunk within seconds.
+const { env, admin } = testEnv({ CHUNK_ITEMS: '2000', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1', JOB_LOCK_MS: '2000' });
+const processes: RunningProcess[] = [];
+let client: Client;
+
+beforeAll(async () => {
+  const port = await freePort();
+  processes.push(await startApi(env, port));
+  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  expect((await client.json('POST', '/v1/keys/fleet')).status).toBe(201);
+});
+
+afterAll(async () => {
+  await Promise.all(processes.map((p) => p.stop()));
+});
+
+async function waitUntil(check: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+describe('worker fleet', () => {
+  it('a worker killed with SIGKILL mid-batch is replaced and the batch completes with exactly one result per item', async () => {
+    const originals = Array.from({ length: 300_000 }, (_, i) => `crash-${i}-${(i * 31) % 977}`);
+    const first = await startWorker(env);
+    processes.push(first);
+    const submitted = await client.uploadNdjson('encrypt', 'fleet', originals);
+    expect(submitted.status).toBe(202);
+    const id = submitted.body.batchId;
+
+    let seenAtKill = 0;
+    await waitUntil(async () => {
+      seenAtKill = (await client.json('GET', `/v1/batches/${id}`)).body.processed;
+      return seenAtKill > 0;
+    }, 60_000);
+    await first.kill();
+    expect(seenAtKill).toBeLessThan(300_000);
+
+    processes.push(await startWorker(env));
+    const done = await client.waitForBatch(id, 120_000);
+    expect(done).toMatchObject({ status: 'completed', total: 300_000, processed: 300_000, succeeded: 300_000, failed: 0 });
+
+    const lines = await client.results(id);
+    expect(lines).toHaveLength(300_000);
+    lines.forEach((l, n) => expect(l.i).toBe(n));
+    expect(new Set(lines.map((l) => l.ciphertext)).size).toBe(300_000);
+
+    const back = await client.uploadNdjson('decrypt', 'fleet', lines.map((l) => l.ciphertext!));
+    expect((await client.waitForBatch(back.body.batchId, 120_000)).succeeded).toBe(300_000);
+    const opened = await client.results(back.body.batchId);
+    expect(opened.map((l) => l.plaintext)).toEqual(originals);
+  });
+
+  it('SIGTERM drains: the worker finishes the chunk in hand, exits 0, and another finishes the batch', async () => {
+    const worker = await startWorker(env);
+    processes.push(worker);
+    const submitted = await client.uploadNdjson('encrypt', 'fleet', Array.from({ length: 100_000 }, (_, i) => `drain-${i}`));
+    const id = submitted.body.batchId;
+    await waitUntil(async () => (await client.json('GET', `/v1/batches/${id}`)).body.processed > 0, 60_000);
+    expect(await worker.stop()).toBe(0);
+    expect(worker.lines.some((l) => l.includes('"msg":"worker stopped"'))).toBe(true);
+
+    processes.push(await startWorker(env));
+    expect(await client.waitForBatch(id, 120_000)).toMatchObject({ status: 'completed', processed: 100_000, succeeded: 100_000 });
+    const lines = await client.results(id);
+    expect(lines.map((l) => l.i)).toEqual(Array.from({ length: 100_000 }, (_, i) => i));
+  });
+});

@@ -1,0 +1,32 @@
+import { randomBytes } from 'node:crypto';
+import { inject } from 'vitest';
+import { loadConfig, type Config } from '../../shared/config.js';
+
+export interface TestTenant {
+  readonly tenant: string;
+  readonly token: string;
+}
+
+/** A fresh environment per test file: its own `{hash tag}` prefix, master key and tokens. */
+export function testEnv(overrides: Record<string, string> = {}): { env: Record<string, string>; admin: TestTenant; encryptOnly: TestTenant; other: TestTenant } {
+  const admin = { tenant: 'acme', token: `tok_${randomBytes(16).toString('hex')}` };
+  const encryptOnly = { tenant: 'acme', token: `tok_${randomBytes(16).toString('hex')}` };
+  const other = { tenant: 'globex', token: `tok_${randomBytes(16).toString('hex')}` };
+  const env: Record<string, string> = {
+    REDIS_URL: inject('redisUrl'),
+    KEYFLEET_PREFIX: `{kft-${randomBytes(4).toString('hex')}}`,
+    KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'),
+    KEYFLEET_TOKENS: [
+      `${admin.tenant}:${admin.token}:encrypt+decrypt+rewrap+keys+batches+admin`,
+      `${encryptOnly.tenant}:${encryptOnly.token}:encrypt`,
+      `${other.tenant}:${other.token}`,
+    ].join(','),
+    LOG_LEVEL: 'warn',
+    ...overrides,
+  };
+  return { env, admin, encryptOnly, other };
+}
+
+export const configFrom = (env: Record<string, string>): Config => loadConfig(env);
+
+export const bearer = (t: TestTenant): Record<string, string> => ({ authorization: `Bearer ${t.token}` });

@@ -1,0 +1,83 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { resolve } from 'node:path';
+
+const root = resolve(import.meta.dirname, '..', '..');
+
+export interface RunningProcess {
+  readonly child: ChildProcess;
+  /** Every line the process wrote to stdout and stderr so far (pino JSON lines). */
+  readonly lines: string[];
+  /** Resolves with the first line matching `pattern`, waiting up to `timeoutMs`. */
+  waitFor(pattern: RegExp, timeoutMs?: number): Promise<string>;
+  /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code (null when killed). */
+  stop(graceMs?: number): Promise<number | null>;
+  kill(): Promise<void>;
+  readonly exited: Promise<number | null>;
+}
+
+/** Runs a built entry (`dist/…`) as a real process, as production does. */
+export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Record<string, string>): RunningProcess {
+  const child = spawn(process.execPath, [resolve(root, 'dist', entry)], { env: { PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const lines: string[] = [];
+  const waiters: Array<{ pattern: RegExp; done: (line: string) => void }> = [];
+  const onData = (buf: Buffer): void => {
+    for (const line of buf.toString('utf8').split('\n')) {
+      if (!line) continue;
+      lines.push(line);
+      for (const w of [...waiters]) {
+        if (w.pattern.test(line)) {
+          waiters.splice(waiters.indexOf(w), 1);
+          w.done(line);
+        }
+      }
+    }
+  };
+  child.stdout!.on('data', onData);
+  child.stderr!.on('data', onData);
+  const exited = new Promise<number | null>((done) => child.once('exit', (code) => done(code)));
+
+  return {
+    child,
+    lines,
+    exited,
+    waitFor(pattern, timeoutMs = 20_000) {
+      const seen = lines.find((l) => pattern.test(l));
+      if (seen) return Promise.resolve(seen);
+      return new Promise((ok, fail) => {
+        const timer = setTimeout(() => fail(new Error(`${entry}: no line matching ${pattern} within ${timeoutMs} ms; last lines:\n${lines.slice(-10).join('\n')}`)), timeoutMs);
+        waiters.push({ pattern, done: (l) => (clearTimeout(timer), ok(l)) });
+        exited.then(() => {
+          clearTimeout(timer);
+          fail(new Error(`${entry} exited before printing ${pattern}; last lines:\n${lines.slice(-10).join('\n')}`));
+        });
+      });
+    },
+    async stop(graceMs = 15_000) {
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+      const code = await exited;
+      clearTimeout(timer);
+      return code;
+    },
+    async kill() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+/** Starts a worker process and waits until it takes chunks. */
+export async function startWorker(env: Record<string, string>): Promise<RunningProcess> {
+  const worker = runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info' });
+  await worker.waitFor(/"msg":"worker started"/);
+  return worker;
+}
+
+/** Starts an API process on `port` and waits until it listens. */
+export async function startApi(env: Record<string, string>, port: number): Promise<RunningProcess> {
+  const api = runEntry('producer/main.js', { ...env, LOG_LEVEL: 'info', HOST: '127.0.0.1', PORT: String(port) });
+  await api.waitFor(/Server listening/);
+  return api;
+}

@@ -1,0 +1,142 @@
+import type { FastifyInstance } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../producer/app.js';
+import { Client } from '../helpers/client.js';
+import { configFrom, testEnv } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
+
+// Small chunks so a 100,000-item batch crosses many chunks and their ordering is exercised.
+const { env, admin, other, encryptOnly } = testEnv({ CHUNK_ITEMS: '7000', SYNC_MAX_ITEMS: '50' });
+let app: FastifyInstance;
+let worker: RunningProcess | undefined;
+let client: Client;
+let queuedBeforeWorker: string;
+
+beforeAll(async () => {
+  app = await buildApp({ config: configFrom(env) });
+  const address = await app.listen({ host: '127.0.0.1', port: 0 });
+  client = new Client(address, admin.token);
+  expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
+  // Submitted before any worker runs: it must wait, queued, with no results yet.
+  const queued = await client.uploadNdjson('encrypt', 'serials', ['early-1', 'early-2']);
+  queuedBeforeWorker = queued.body.batchId;
+  worker = await startWorker(env);
+});
+
+afterAll(async () => {
+  await worker?.stop();
+  await app?.close();
+});
+
+const serial = (n: number) => `SER-${String(n).padStart(7, '0')}-${(n * 7919) % 100_003}`;
+
+describe('batches', () => {
+  it('holds a batch queued until a worker runs, with results refused as not ready', async () => {
+    const res = await fetch(`${client.base}/v1/batches/${queuedBeforeWorker}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
+    // The worker may already have taken it; either it is not ready, or it completed correctly.
+    if (res.status === 409) expect(((await res.json()) as any).error.code).toBe('KF_BATCH_NOT_READY');
+    const done = await client.waitForBatch(queuedBeforeWorker);
+    expect(done).toMatchObject({ status: 'completed', total: 2, processed: 2, succeeded: 2, failed: 0 });
+  });
+
+  it('encrypts 100,000 NDJSON items, streams results in input order, and a second batch decrypts them all back', async () => {
+    const originals = Array.from({ length: 100_000 }, (_, i) => serial(i));
+    const submitted = await client.uploadNdjson('encrypt', 'serials', originals);
+    expect(submitted.status).toBe(202);
+    expect(submitted.body).toMatchObject({ status: 'queued', total: 100_000 });
+    const done = await client.waitForBatch(submitted.body.batchId);
+    expect(done).toMatchObject({ status: 'completed', total: 100_000, processed: 100_000, succeeded: 100_000, failed: 0 });
+    expect(done.finishedAt).toBeTruthy();
+
+    const sealed = await client.results(submitted.body.batchId);
+    expect(sealed).toHaveLength(100_000);
+    sealed.forEach((line, n) => expect(line.i).toBe(n));
+    expect(new Set(sealed.map((l) => l.ciphertext)).size).toBe(100_000);
+
+    const back = await client.uploadNdjson('decrypt', 'serials', sealed.map((l) => l.ciphertext!));
+    expect((await client.waitForBatch(back.body.batchId)).succeeded).toBe(100_000);
+    const opened = await client.results(back.body.batchId);
+    expect(opened.map((l) => l.plaintext)).toEqual(originals);
+  });
+
+  it('fails only the bad items of a batch, in their place', async () => {
+    const [good] = (await client.json('POST', '/v1/encrypt/serials', { items: ['fine'] })).body.results;
+    const raw = Buffer.from(good.ciphertext.slice(6), 'base64');
+    raw[20]! ^= 0x40;
+    const body = [JSON.stringify(good.ciphertext), JSON.stringify(`kf:v1:${raw.toString('base64')}`), '42', '{not json', JSON.stringify(good.ciphertext.replace('kf:v1', 'kf:v9')), JSON.stringify(good.ciphertext)].join('\n');
+    const res = await fetch(`${client.base}/v1/batches?op=decrypt&key=serials`, { method: 'POST', headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/x-ndjson' }, body });
+    const { batchId, total } = (await res.json()) as { batchId: string; total: number };
+    expect(total).toBe(6);
+    expect(await client.waitForBatch(batchId)).toMatchObject({ status: 'completed', succeeded: 2, failed: 4 });
+    const lines = await client.results(batchId);
+    expect(lines.map((l) => l.plaintext ?? l.error?.code)).toEqual(['fine', 'KF_DECRYPT_FAILED', 'KF_INVALID_ITEM', 'KF_INVALID_ITEM', 'KF_DECRYPT_FAILED', 'fine']);
+  });
+
+  it('accepts a JSON body {"items": [...]} streamed in', async () => {
+    const items = Array.from({ length: 15_000 }, (_, i) => `json-${i}`);
+    const res = await client.json('POST', '/v1/batches?op=encrypt&key=serials', { items: [...items.slice(0, 10), 7, ...items.slice(10)] });
+    expect(res.status).toBe(202);
+    expect(res.body.total).toBe(15_001);
+    expect(await client.waitForBatch(res.body.batchId)).toMatchObject({ status: 'completed', succeeded: 15_000, failed: 1 });
+    const lines = await client.results(res.body.batchId);
+    expect(lines[10]!.error!.code).toBe('KF_INVALID_ITEM');
+    expect(lines.filter((l) => l.ciphertext)).toHaveLength(15_000);
+  });
+
+  it('turns a sync request above SYNC_MAX_ITEMS into a batch (202), and mode "async" always', async () => {
+    const auto = await client.json('POST', '/v1/encrypt/serials', { items: Array.from({ length: 51 }, (_, i) => `auto-${i}`) });
+    expect(auto.status).toBe(202);
+    expect(auto.body).toMatchObject({ status: 'queued', total: 51 });
+    const forced = await client.json('POST', '/v1/encrypt/serials', { items: ['one'], mode: 'async' });
+    expect(forced.status).toBe(202);
+    const tooMany = await client.json('POST', '/v1/encrypt/serials', { items: Array.from({ length: 51 }, () => 'x'), mode: 'sync' });
+    expect(tooMany.status).toBe(400);
+    expect(tooMany.body.error.code).toBe('KF_SYNC_LIMIT');
+    expect((await client.waitForBatch(auto.body.batchId)).succeeded).toBe(51);
+    // A token with only the encrypt scope can follow the batch its request became.
+    const own = new Client(client.base, encryptOnly.token);
+    expect((await own.json('GET', `/v1/batches/${auto.body.batchId}`)).status).toBe(200);
+  });
+
+  it('streams progress as Server-Sent Events ending with the final status', async () => {
+    const submitted = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 30_000 }, (_, i) => `sse-${i}`));
+    const res = await fetch(`${client.base}/v1/batches/${submitted.body.batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` } });
+    expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    const text = await res.text(); // the server ends the stream after the final event
+    const events = text.split('\n\n').filter((e) => e.startsWith('event:'));
+    const last = events.at(-1)!;
+    expect(last).toMatch(/^event: done\n/);
+    expect(JSON.parse(last.split('data: ')[1]!)).toMatchObject({ status: 'completed', processed: 30_000 });
+    for (const e of events.slice(0, -1)) expect(e).toMatch(/^event: progress\n/);
+  });
+
+  it('hides a batch from other tenants exactly as if it did not exist', async () => {
+    const submitted = await client.uploadNdjson('encrypt', 'serials', ['mine']);
+    const stranger = new Client(client.base, other.token);
+    const foreign = await stranger.json('GET', `/v1/batches/${submitted.body.batchId}`);
+    const missing = await stranger.json('GET', '/v1/batches/AAAAAAAAAAAAAAAA');
+    expect(foreign.status).toBe(404);
+    expect(foreign.body).toEqual(missing.body);
+  });
+
+  it('deletes a batch: results are gone and the status says so', async () => {
+    const submitted = await client.uploadNdjson('encrypt', 'serials', ['to-delete-1', 'to-delete-2']);
+    await client.waitForBatch(submitted.body.batchId);
+    const deleted = await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`);
+    expect(deleted.status).toBe(200);
+    const res = await fetch(`${client.base}/v1/batches/${submitted.body.batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
+    expect(res.status).toBe(410);
+    expect(((await res.json()) as any).error.code).toBe('KF_BATCH_DELETED');
+  });
+
+  it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {
+    const unknown = await client.uploadNdjson('encrypt', 'no-such-key', ['a']);
+    expect(unknown.status).toBe(404);
+    expect(unknown.body.error.code).toBe('KF_KEY_NOT_FOUND');
+    const empty = await client.uploadNdjson('encrypt', 'serials', []);
+    expect(empty.status).toBe(400);
+    const badOp = await client.uploadNdjson('explode', 'serials', ['a']);
+    expect(badOp.status).toBe(400);
+    expect(badOp.body.error.code).toBe('KF_VALIDATION');
+  });
+});

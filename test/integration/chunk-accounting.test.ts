@@ -1,0 +1,79 @@
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BatchStore } from '../../shared/batch-store.js';
+import { RedisKeys } from '../../shared/redis.js';
+import { testEnv } from '../helpers/env.js';
+
+const { env } = testEnv();
+let redis: Redis;
+let subscriber: Redis;
+let store: BatchStore;
+const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+
+beforeAll(() => {
+  redis = new Redis(env['REDIS_URL']!);
+  subscriber = new Redis(env['REDIS_URL']!);
+  store = new BatchStore(redis, keys, 600);
+});
+afterAll(async () => {
+  await Promise.all([redis.quit(), subscriber.quit()]);
+});
+
+const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, lines: Buffer.from(lines) });
+
+async function batchWithChunks(n: number): Promise<string> {
+  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' });
+  for (let c = 0; c < n; c++) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
+  return id;
+}
+
+describe('chunk accounting', () => {
+  it('a chunk completed twice (a retry after a crash) counts once and keeps the first results', async () => {
+    const id = await batchWithChunks(2);
+    await store.seal(id);
+    expect(await store.completeChunk(id, 0, outcome(10, 'first\n'))).toBe('progress');
+    expect(await store.completeChunk(id, 0, outcome(10, 'second\n'))).toBe('duplicate');
+    expect((await store.get(id))!).toMatchObject({ status: 'running', processed: 10, succeeded: 10 });
+    expect((await store.readResults(id, 0))!.toString()).toBe('first\n');
+    expect(await store.readInput(id, 0)).toBeNull();
+  });
+
+  it('the batch completes exactly once and publishes one completion event', async () => {
+    const id = await batchWithChunks(3);
+    const events: string[] = [];
+    await subscriber.subscribe(keys.batchEvents(id));
+    subscriber.on('message', (_channel, message) => events.push(message));
+    await store.completeChunk(id, 1, outcome(10, 'b\n'));
+    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    // Every chunk is done before the upload is sealed: sealing completes it.
+    await store.completeChunk(id, 2, outcome(10, 'c\n'));
+    expect((await store.get(id))!.status).toBe('running');
+    await store.seal(id);
+    expect(await store.completeChunk(id, 2, outcome(10, 'c again\n'))).toBe('duplicate');
+    const record = (await store.get(id))!;
+    expect(record).toMatchObject({ status: 'completed', total: 30, processed: 30 });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(events.filter((e) => e === 'completed')).toHaveLength(1);
+    await subscriber.unsubscribe();
+  });
+
+  it('a batch that is never sealed (upload cut short) never completes', async () => {
+    const id = await batchWithChunks(1);
+    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    expect((await store.get(id))!.status).toBe('running');
+    await store.fail(id, 'KF_UPLOAD_ABORTED');
+    expect((await store.get(id))!).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
+    await store.seal(id);
+    expect((await store.get(id))!.status).toBe('failed');
+  });
+
+  it('a cancelled batch ignores chunks that finish afterwards and keeps no inputs or results', async () => {
+    const id = await batchWithChunks(2);
+    await store.seal(id);
+    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    await store.cancel(id);
+    expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('batch-ended');
+    expect((await store.get(id))!).toMatchObject({ status: 'cancelled', processed: 10, deleted: true });
+    expect(await redis.exists(keys.batchInputs(id), keys.batchResults(id), keys.batchDone(id))).toBe(0);
+  });
+});

@@ -1,0 +1,156 @@
+import type { FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import { Writable } from 'node:stream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../shared/logger.js';
+import { buildApp } from '../../producer/app.js';
+import { bearer, configFrom, testEnv } from '../helpers/env.js';
+
+const { env, admin, encryptOnly, other } = testEnv();
+let app: FastifyInstance;
+const logLines: string[] = [];
+
+beforeAll(async () => {
+  const sink = new Writable({ write: (chunk, _enc, done) => (logLines.push(String(chunk)), done()) });
+  app = await buildApp({ config: configFrom({ ...env, LOG_LEVEL: 'info' }), logger: createLogger({ level: 'info', name: 'test-api', destination: sink }) });
+  await app.ready();
+});
+afterAll(async () => {
+  await app?.close();
+});
+
+const post = (url: string, body: unknown, who = admin) => app.inject({ method: 'POST', url, headers: bearer(who), payload: body as object });
+const encrypt = async (key: string, items: string[], extra: object = {}) => (await post(`/v1/encrypt/${key}`, { items, ...extra })).json().results;
+const decrypt = async (key: string, items: string[], extra: object = {}) => (await post(`/v1/decrypt/${key}`, { items, ...extra })).json().results;
+
+describe('keys', () => {
+  it('creates a key (201), finds it again (200), refuses another type (409) and never returns material', async () => {
+    const created = await app.inject({ method: 'POST', url: '/v1/keys/licences', headers: bearer(admin) });
+    expect(created.statusCode).toBe(201);
+    expect(created.json()).toMatchObject({ name: 'licences', type: 'aes256-gcm96', latestVersion: 1, minDecryptionVersion: 1 });
+    expect(Object.keys(created.json()).sort()).toEqual(['createdAt', 'latestVersion', 'minDecryptionVersion', 'name', 'type']);
+    const again = await post('/v1/keys/licences', { type: 'aes256-gcm96' });
+    expect(again.statusCode).toBe(200);
+    const otherType = await post('/v1/keys/licences', { type: 'rsa-4096' });
+    expect(otherType.statusCode).toBe(400);
+    expect(otherType.json().error.code).toBe('KF_VALIDATION');
+  });
+
+  it('stores key material only wrapped: no raw 32-byte value in Redis', async () => {
+    const redis = new Redis(env['REDIS_URL']!);
+    const fields = await redis.hgetall(`${env['KEYFLEET_PREFIX']}:key:acme:licences`);
+    await redis.quit();
+    expect(fields['m:1']).toMatch(/^w1:[0-9a-f]{8}:/);
+    expect(Buffer.from(fields['m:1']!.split(':')[2]!, 'base64').length).toBe(12 + 32 + 16);
+  });
+
+  it('answers 404 for a key that does not exist and for another tenant’s key alike', async () => {
+    const missing = await app.inject({ method: 'GET', url: '/v1/keys/nope', headers: bearer(admin) });
+    const foreign = await app.inject({ method: 'GET', url: '/v1/keys/licences', headers: bearer(other) });
+    expect(missing.statusCode).toBe(404);
+    expect(foreign.statusCode).toBe(404);
+    expect(foreign.json()).toEqual(missing.json());
+  });
+});
+
+describe('sync encrypt and decrypt', () => {
+  it('encrypts five items to kf:v1 ciphertexts and decrypts them back in order', async () => {
+    const items = ['LIC-0001', 'LIC-0002', 'ünïcødé ✓', '', 'x'.repeat(500)];
+    const sealed = await encrypt('licences', items);
+    expect(sealed).toHaveLength(5);
+    for (const r of sealed) expect(r.ciphertext).toMatch(/^kf:v1:[A-Za-z0-9+/]+=*$/);
+    const opened = await decrypt('licences', sealed.map((r: any) => r.ciphertext));
+    expect(opened.map((r: any) => r.plaintext)).toEqual(items);
+  });
+
+  it('round-trips binary plaintexts with encoding base64', async () => {
+    const bytes = Buffer.from([0, 255, 128, 10, 13]).toString('base64');
+    const [sealed] = await encrypt('licences', [bytes], { encoding: 'base64' });
+    const [asText] = await decrypt('licences', [sealed.ciphertext]);
+    expect(asText.error.code).toBe('KF_NOT_UTF8');
+    const [asBytes] = await decrypt('licences', [sealed.ciphertext], { encoding: 'base64' });
+    expect(asBytes.plaintext).toBe(bytes);
+  });
+
+  it('fails only the bad items: tampered, unknown version, garbage and wrong key', async () => {
+    await post('/v1/keys/other-key', {});
+    const [good, foreignKey] = [(await encrypt('licences', ['good']))[0].ciphertext, (await encrypt('other-key', ['x']))[0].ciphertext];
+    const raw = Buffer.from(good.slice(6), 'base64');
+    raw[raw.length - 1]! ^= 1;
+    const tampered = `kf:v1:${raw.toString('base64')}`;
+    const results = await decrypt('licences', [good, tampered, good.replace('kf:v1:', 'kf:v7:'), 'not a ciphertext', foreignKey, good]);
+    expect(results[0]).toEqual({ plaintext: 'good' });
+    expect(results[5]).toEqual({ plaintext: 'good' });
+    for (const r of results.slice(1, 5)) expect(r).toEqual({ error: { code: 'KF_DECRYPT_FAILED', message: 'decryption failed' } });
+  });
+
+  it('rotates, rewraps old ciphertexts to the new version, and enforces minDecryptionVersion per item', async () => {
+    await post('/v1/keys/rotating', {});
+    const v1 = (await encrypt('rotating', ['alpha', 'beta'])).map((r: any) => r.ciphertext);
+    const rotated = await post('/v1/keys/rotating/rotate', undefined);
+    expect(rotated.json().latestVersion).toBe(2);
+    const [fresh] = await encrypt('rotating', ['gamma']);
+    expect(fresh.ciphertext).toMatch(/^kf:v2:/);
+    const rewrapped = (await (await post('/v1/rewrap/rotating', { items: v1 })).json()).results;
+    for (const r of rewrapped) expect(r.ciphertext).toMatch(/^kf:v2:/);
+
+    const patched = await app.inject({ method: 'PATCH', url: '/v1/keys/rotating', headers: bearer(admin), payload: { minDecryptionVersion: 2 } });
+    expect(patched.json().minDecryptionVersion).toBe(2);
+    const results = await decrypt('rotating', [v1[0], rewrapped[0].ciphertext, fresh.ciphertext]);
+    expect(results[0].error.code).toBe('KF_KEY_VERSION_DISABLED');
+    expect(results.slice(1)).toEqual([{ plaintext: 'alpha' }, { plaintext: 'gamma' }]);
+    const tooHigh = await app.inject({ method: 'PATCH', url: '/v1/keys/rotating', headers: bearer(admin), payload: { minDecryptionVersion: 3 } });
+    expect(tooHigh.statusCode).toBe(400);
+    expect(tooHigh.json().error.code).toBe('KF_KEY_VERSION_INVALID');
+  });
+});
+
+describe('auth and input errors', () => {
+  it('answers 401 without a token or with a wrong one, 403 without the scope', async () => {
+    const none = await app.inject({ method: 'POST', url: '/v1/encrypt/licences', payload: { items: ['a'] } });
+    expect(none.statusCode).toBe(401);
+    expect(none.json().error.code).toBe('KF_UNAUTHORIZED');
+    const wrong = await app.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: { authorization: `Bearer ${admin.token}x` }, payload: { items: ['a'] } });
+    expect(wrong.statusCode).toBe(401);
+    expect((await post('/v1/encrypt/licences', { items: ['a'] }, encryptOnly)).statusCode).toBe(200);
+    const denied = await post('/v1/decrypt/licences', { items: ['a'] }, encryptOnly);
+    expect(denied.statusCode).toBe(403);
+    expect(denied.json().error.code).toBe('KF_FORBIDDEN');
+  });
+
+  it('answers bad bodies with a 4xx and a stable code', async () => {
+    const cases: Array<[unknown, string, number]> = [
+      [{ items: 'a' }, 'KF_VALIDATION', 400],
+      [{ items: [1, 2] }, 'KF_VALIDATION', 400],
+      [{ items: ['a'], encoding: 'rot13' }, 'KF_VALIDATION', 400],
+      [{ items: ['a'], extra: true }, 'KF_VALIDATION', 400],
+    ];
+    for (const [body, code, status] of cases) {
+      const res = await post('/v1/encrypt/licences', body);
+      expect(res.statusCode, JSON.stringify(body)).toBe(status);
+      expect(res.json().error.code).toBe(code);
+    }
+    const badJson = await app.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: { ...bearer(admin), 'content-type': 'application/json' }, payload: '{"items": [' });
+    expect(badJson.statusCode).toBe(400);
+    expect(badJson.json().error.code).toBe('KF_INVALID_JSON');
+    const unknownKey = await post('/v1/encrypt/nope', { items: ['a'] });
+    expect(unknownKey.statusCode).toBe(404);
+    expect(unknownKey.json().error.code).toBe('KF_KEY_NOT_FOUND');
+    const badName = await post('/v1/encrypt/bad%20name', { items: ['a'] });
+    expect(badName.statusCode).toBe(400);
+  });
+
+  it('keeps secrets out of the logs', async () => {
+    await encrypt('licences', ['TOP-SECRET-SERIAL-42']);
+    const logs = logLines.join('');
+    expect(logs).toContain('"url":"/v1/encrypt/licences"');
+    expect(logs).not.toContain('TOP-SECRET-SERIAL-42');
+    expect(logs).not.toContain(admin.token);
+    expect(logs).not.toContain(env['KEYFLEET_MASTER_KEY']);
+  });
+
+  it('serves healthz and readyz without a token', async () => {
+    expect((await app.inject({ method: 'GET', url: '/healthz' })).json()).toEqual({ status: 'ok' });
+    expect((await app.inject({ method: 'GET', url: '/readyz' })).json()).toEqual({ status: 'ready' });
+  });
+});
