@@ -6,6 +6,7 @@ import { createLogger, type Logger } from '../shared/logger.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { authPlugin } from './plugins/auth.js';
 import { errorsPlugin } from './plugins/errors.js';
+import { metricsPlugin } from './plugins/metrics.js';
 import { batchRoutes } from './routes/batches.js';
 import { cryptoRoutes } from './routes/crypto.js';
 import { healthRoutes } from './routes/health.js';
@@ -56,6 +57,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
 
   await app.register(errorsPlugin);
   await app.register(authPlugin, { verifier });
+  await app.register(metricsPlugin);
   await app.register(healthRoutes);
   await app.register(keyRoutes);
   await app.register(cryptoRoutes);

@@ -88,7 +88,8 @@ export class BatchIntake {
     const firstIndex = this.#enqueuedItems;
     this.#enqueuedItems += count;
     await this.#store.addChunk(this.batchId, chunk, packed, count);
-    const data: ChunkJobData = { batchId: this.batchId, tenant: this.#spec.tenant, chunk, firstIndex, count, op: this.#spec.op, key: this.#spec.key, encoding: this.#spec.encoding };
+    const { tenant, op, key, encoding, requestId } = this.#spec;
+    const data: ChunkJobData = { batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, ...(requestId ? { requestId } : {}) };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });
   }
 }

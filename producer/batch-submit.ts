@@ -12,6 +12,7 @@ export async function submitBatch(app: FastifyInstance, spec: BatchSpec, fill: (
   const { batches, queue, keyCache } = app.services;
   await keyCache.get(spec.tenant, spec.key); // 404 before any byte of the body is read
   const batchId = await batches.create(spec);
+  app.services.metrics.batches.inc({ event: 'created' });
   const intake = new BatchIntake(batchId, spec, batches, queue, { chunkItems: app.keyfleet.chunkItems, maxItemBytes: app.keyfleet.maxItemBytes });
   try {
     await fill(intake);

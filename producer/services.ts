@@ -1,13 +1,16 @@
 import type { Queue } from 'bullmq';
+import type { Registry } from 'prom-client';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
 import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
+import { ApiMetrics, createRegistry } from '../shared/metrics.js';
 import { createChunkQueue } from '../shared/queue.js';
 import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
+import { registerQueueMetrics } from './queue-metrics.js';
 
 /** The long-lived parts the API's routes share; `close()` releases every connection. */
 export interface ApiServices {
@@ -18,6 +21,8 @@ export interface ApiServices {
   readonly batches: BatchStore;
   readonly queue: Queue<ChunkJobData>;
   readonly events: BatchEvents;
+  readonly registry: Registry;
+  readonly metrics: ApiMetrics;
   close(): Promise<void>;
 }
 
@@ -28,14 +33,19 @@ export function createApiServices(config: Config): ApiServices {
   const queueRedis = createRedis(config.redisUrl, { role: 'api' });
   const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
   const events = new BatchEvents(createRedis(config.redisUrl, { role: 'subscriber' }), keys);
+  const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
+  const registry = createRegistry('api');
+  registerQueueMetrics(registry, queue, batches);
   return {
     redis,
     keys,
     keyStore,
     keyCache: new KeyCache(keyStore, config.keyCacheTtlMs),
-    batches: new BatchStore(redis, keys, config.resultTtlSeconds),
+    batches,
     queue,
     events,
+    registry,
+    metrics: new ApiMetrics(registry),
     async close() {
       await Promise.allSettled([queue.close(), events.close()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);

@@ -7,6 +7,16 @@ import type { BatchOp, BatchStatus, BatchStatusBody } from './schemas.js';
 
 // All keys of one batch share the `{hash tag}` prefix, so each script runs in one cluster slot.
 // Progress is accounted only by these scripts; the `done` bitmap makes a chunk count once.
+const ADD_CHUNK = `
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'total', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'chunks', 1)
+redis.call('INCRBY', KEYS[3], ARGV[3])
+return 1`;
+
 const COMPLETE_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
@@ -19,6 +29,7 @@ redis.call('HINCRBY', KEYS[1], 'processed', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'succeeded', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'failed', ARGV[4])
 local done = redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
+redis.call('DECRBY', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[3], ttl)
 redis.call('EXPIRE', KEYS[4], ttl)
 if status == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running', 'startedAt', ARGV[7]) end
@@ -49,6 +60,7 @@ const FAIL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status or status == 'completed' or status == 'failed' or status == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'errorCode', ARGV[1], 'errorMessage', ARGV[2], 'finishedAt', ARGV[3])
+redis.call('DECRBY', KEYS[3], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
 redis.call('DEL', KEYS[2])
 redis.call('PUBLISH', ARGV[4], 'failed')
 return 1`;
@@ -59,6 +71,7 @@ if not status then return -1 end
 local changed = 0
 if status == 'queued' or status == 'running' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finishedAt', ARGV[1])
+  redis.call('DECRBY', KEYS[5], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
   changed = 1
 end
 redis.call('HSET', KEYS[1], 'deleted', 1)
@@ -68,10 +81,11 @@ return changed`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfChunkComplete(meta: string, inputs: string, results: string, done: string, chunk: number, count: number, succeeded: number, failed: number, lines: Buffer, ttl: number, now: string, channel: string): Result<number, Context>;
+    kfChunkAdd(meta: string, inputs: string, backlog: string, chunk: number, packed: Buffer, count: number, ttl: number): Result<number, Context>;
+    kfChunkComplete(meta: string, inputs: string, results: string, done: string, backlog: string, chunk: number, count: number, succeeded: number, failed: number, lines: Buffer, ttl: number, now: string, channel: string): Result<number, Context>;
     kfBatchSeal(meta: string, now: string, channel: string, ttl: number): Result<number, Context>;
-    kfBatchFail(meta: string, inputs: string, code: string, message: string, now: string, channel: string): Result<number, Context>;
-    kfBatchCancel(meta: string, inputs: string, results: string, done: string, now: string, channel: string): Result<number, Context>;
+    kfBatchFail(meta: string, inputs: string, backlog: string, code: string, message: string, now: string, channel: string): Result<number, Context>;
+    kfBatchCancel(meta: string, inputs: string, results: string, done: string, backlog: string, now: string, channel: string): Result<number, Context>;
   }
 }
 
@@ -80,6 +94,7 @@ export interface BatchSpec {
   readonly op: BatchOp;
   readonly key: string;
   readonly encoding: Encoding;
+  readonly requestId?: string;
 }
 
 export interface BatchRecord extends BatchStatusBody {
@@ -105,10 +120,11 @@ export class BatchStore {
     this.#redis = redis;
     this.#keys = keys;
     this.#ttl = resultTtlSeconds;
-    redis.defineCommand('kfChunkComplete', { numberOfKeys: 4, lua: COMPLETE_CHUNK });
+    redis.defineCommand('kfChunkAdd', { numberOfKeys: 3, lua: ADD_CHUNK });
+    redis.defineCommand('kfChunkComplete', { numberOfKeys: 5, lua: COMPLETE_CHUNK });
     redis.defineCommand('kfBatchSeal', { numberOfKeys: 1, lua: SEAL });
-    redis.defineCommand('kfBatchFail', { numberOfKeys: 2, lua: FAIL });
-    redis.defineCommand('kfBatchCancel', { numberOfKeys: 4, lua: CANCEL });
+    redis.defineCommand('kfBatchFail', { numberOfKeys: 3, lua: FAIL });
+    redis.defineCommand('kfBatchCancel', { numberOfKeys: 5, lua: CANCEL });
   }
 
   get keys(): RedisKeys {
@@ -130,18 +146,16 @@ export class BatchStore {
     return id;
   }
 
-  /** Stores one chunk's packed inputs and counts it, in one round trip. */
+  /** Stores one chunk's packed inputs and counts it, in one round trip; refused once the batch has ended. */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
-    const inputs = this.#keys.batchInputs(id);
-    const results = await this.#redis
-      .multi()
-      .hset(inputs, String(chunk), packed)
-      .expire(inputs, this.#ttl)
-      .hincrby(this.#keys.batch(id), 'total', count)
-      .hincrby(this.#keys.batch(id), 'chunks', 1)
-      .exec();
-    const failed = results?.find(([err]) => err);
-    if (failed) throw failed[0];
+    const k = this.#keys;
+    const added = await this.#redis.kfChunkAdd(k.batch(id), k.batchInputs(id), k.backlogItems(), chunk, packed, count, this.#ttl);
+    if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');
+  }
+
+  /** Items stored and not yet processed, over every batch. */
+  async backlogItems(): Promise<number> {
+    return Math.max(0, Number((await this.#redis.get(this.#keys.backlogItems())) ?? 0));
   }
 
   /** Marks the upload complete: from now on the last chunk to finish completes the batch. */
@@ -160,7 +174,7 @@ export class BatchStore {
   async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; lines: Buffer }): Promise<ChunkCompletion> {
     const k = this.#keys;
     const result = await this.#redis.kfChunkComplete(
-      k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id),
+      k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id), k.backlogItems(),
       chunk, outcome.count, outcome.succeeded, outcome.failed, outcome.lines, this.#ttl, new Date().toISOString(), k.batchEvents(id),
     );
     return COMPLETION[String(result)] ?? 'progress';
@@ -169,13 +183,13 @@ export class BatchStore {
   /** Ends a batch as failed (once); later chunk completions are ignored. */
   async fail(id: string, code: ErrorCode, message: string = CATALOGUE[code].message): Promise<boolean> {
     const k = this.#keys;
-    return (await this.#redis.kfBatchFail(k.batch(id), k.batchInputs(id), code, message, new Date().toISOString(), k.batchEvents(id))) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.batchInputs(id), k.backlogItems(), code, message, new Date().toISOString(), k.batchEvents(id))) === 1;
   }
 
   /** Cancels what has not run and deletes inputs and results; the status record stays until its TTL. */
   async cancel(id: string): Promise<void> {
     const k = this.#keys;
-    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id), new Date().toISOString(), k.batchEvents(id));
+    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id), k.backlogItems(), new Date().toISOString(), k.batchEvents(id));
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
   }
 

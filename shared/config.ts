@@ -40,6 +40,8 @@ const envSchema = z.object({
   KEY_CACHE_TTL_MS: int(0).default(2_000),
   MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
   MAX_ITEM_BYTES: int(1).default(64 * 1024),
+  /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
+  WORKER_METRICS_PORT: int(0, 65535).default(9464),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 
@@ -60,6 +62,7 @@ export interface Config {
   readonly keyCacheTtlMs: number;
   readonly maxBodyBytes: number;
   readonly maxItemBytes: number;
+  readonly workerMetricsPort: number;
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
 }
 
@@ -102,6 +105,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     keyCacheTtlMs: e.KEY_CACHE_TTL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
     maxItemBytes: e.MAX_ITEM_BYTES,
+    workerMetricsPort: e.WORKER_METRICS_PORT,
     logLevel: e.LOG_LEVEL,
   });
 }

@@ -55,6 +55,11 @@ export class RedisKeys {
     return `${this.prefix}:batch:${id}:done`;
   }
 
+  /** Items stored but not yet processed, over all batches: the backlog that scaling and backpressure watch. */
+  backlogItems(): string {
+    return `${this.prefix}:backlog-items`;
+  }
+
   batchEvents(id: string): string {
     return `${this.prefix}:batch-events:${id}`;
   }

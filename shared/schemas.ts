@@ -79,5 +79,7 @@ export const chunkJobData = z.object({
   op: batchOp,
   key: keyName,
   encoding,
+  /** The id of the request that created the batch, so worker logs join up with API logs. */
+  requestId: z.string().max(64).optional(),
 });
 export type ChunkJobData = z.infer<typeof chunkJobData>;

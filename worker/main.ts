@@ -5,7 +5,7 @@ import { startWorker } from './runner.js';
 /** The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0. */
 const config = loadConfig();
 const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
-const worker = startWorker(config, logger);
+const worker = await startWorker(config, logger);
 
 let closing = false;
 for (const signal of ['SIGTERM', 'SIGINT'] as const) {

@@ -4,6 +4,7 @@ import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
 import { KeyfleetError } from '../shared/errors.js';
 import type { KeyCache } from '../shared/key-cache.js';
 import type { Logger } from '../shared/logger.js';
+import type { WorkerMetrics } from '../shared/metrics.js';
 import { chunkJobData, type ChunkJobData } from '../shared/schemas.js';
 import type { CryptoPool } from './pool.js';
 
@@ -13,6 +14,7 @@ export interface ProcessorDeps {
   readonly pool: CryptoPool;
   readonly logger: Logger;
   readonly maxItemBytes: number;
+  readonly metrics: WorkerMetrics;
 }
 
 export interface ChunkReport {
@@ -26,17 +28,19 @@ export interface ChunkReport {
  * the result in one script. Running the same chunk twice (crash, retry, stall) is harmless: the
  * script counts a chunk once, and a chunk already counted has had its inputs removed.
  */
-export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes }: ProcessorDeps) {
+export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes, metrics }: ProcessorDeps) {
   return async (job: Job<ChunkJobData>): Promise<ChunkReport> => {
     const parsed = chunkJobData.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid chunk job: ${parsed.error.issues.map((i) => i.path.join('.') + ' ' + i.message).join('; ')}`);
     const data = parsed.data;
-    const log = logger.child({ batchId: data.batchId, chunk: data.chunk, jobId: job.id });
+    const log = logger.child({ batchId: data.batchId, chunk: data.chunk, jobId: job.id, ...(data.requestId ? { requestId: data.requestId } : {}) });
+    const stopTimer = metrics.chunkDuration.startTimer({ op: data.op });
 
     const input = await batches.readInput(data.batchId, data.chunk);
     if (!input) {
       // Counted already (a rerun), or the batch was cancelled, failed or expired.
       log.debug('chunk input gone; nothing to do');
+      metrics.chunks.inc({ outcome: 'skipped' });
       return { chunk: data.chunk, count: 0, completion: 'input-gone' };
     }
 
@@ -57,8 +61,19 @@ export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemB
     }
 
     const completion = await batches.completeChunk(data.batchId, data.chunk, outcome);
-    if (completion === 'completed') log.info({ op: data.op }, 'batch completed');
-    else if (completion === 'duplicate') log.info('chunk already counted; this run discarded');
+    stopTimer();
+    if (completion === 'progress' || completion === 'completed') {
+      metrics.chunks.inc({ outcome: 'counted' });
+      metrics.countItems(data.op, ring.type, 'batch', outcome.succeeded, outcome.failed);
+    } else {
+      metrics.chunks.inc({ outcome: completion === 'duplicate' ? 'duplicate' : 'skipped' });
+    }
+    if (completion === 'completed') {
+      metrics.batches.inc({ event: 'completed' });
+      log.info({ op: data.op }, 'batch completed');
+    } else if (completion === 'duplicate') {
+      log.info('chunk already counted; this run discarded');
+    }
     return { chunk: data.chunk, count: outcome.count, completion };
   };
 }

@@ -5,27 +5,33 @@ import { KeyCache } from '../shared/key-cache.js';
 import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
+import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
+import { startWorkerHttp } from './http-server.js';
 import { CryptoPool } from './pool.js';
 import { createChunkProcessor, type ChunkReport } from './processor.js';
 
 export interface RunningWorker {
+  /** The port of the worker's /metrics, /healthz, /readyz server. */
+  readonly metricsPort: number;
   /** Stops taking chunks, finishes the ones in hand, then closes the pool and connections. */
   close(): Promise<void>;
 }
 
-/** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool. */
-export function startWorker(config: Config, logger: Logger): RunningWorker {
+/** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool, plus its metrics server. */
+export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
   const redis = createRedis(config.redisUrl, { role: 'worker' });
   const keys = new RedisKeys(config.prefix);
   const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
   const pool = new CryptoPool({ threads: config.workerThreads });
+  const registry = createRegistry('worker');
+  const metrics = new WorkerMetrics(registry, pool);
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
     keys.queueName,
-    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes }),
+    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes, metrics }),
     {
       connection: createRedis(config.redisUrl, { role: 'worker' }),
       prefix: keys.prefix,
@@ -39,23 +45,44 @@ export function startWorker(config: Config, logger: Logger): RunningWorker {
 
   worker.on('failed', (job, err) => {
     if (!job) return;
-    const { batchId, chunk } = job.data;
+    const { batchId, chunk, requestId } = job.data;
     const final = err instanceof UnrecoverableError || err.name === 'UnrecoverableError' || job.attemptsMade >= (job.opts.attempts ?? 1);
-    logger.warn({ batchId, chunk, jobId: job.id, attempts: job.attemptsMade, final, err: { message: err.message } }, 'chunk failed');
+    metrics.chunks.inc({ outcome: 'failed' });
+    logger.warn({ batchId, chunk, requestId, jobId: job.id, attempts: job.attemptsMade, final, err: { message: err.message } }, 'chunk failed');
     if (final) {
       batches.fail(batchId, 'KF_CHUNK_FAILED', `chunk ${chunk} failed after ${job.attemptsMade} attempt(s): ${err.message}`).then(
-        (changed) => changed && logger.warn({ batchId }, 'batch failed'),
+        (changed) => {
+          if (!changed) return;
+          metrics.batches.inc({ event: 'failed' });
+          logger.warn({ batchId, requestId }, 'batch failed');
+        },
         (e: unknown) => logger.error({ err: e, batchId }, 'could not mark batch failed'),
       );
     }
   });
   worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'worker error'));
-  logger.info({ threads: pool.threads, concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}` }, 'worker started');
+
+  let draining = false;
+  const http = await startWorkerHttp({
+    host: config.host,
+    port: config.workerMetricsPort,
+    registry,
+    ready: async () => !draining && (await redis.ping()) === 'PONG',
+  });
+  logger.info(
+    { threads: pool.threads, concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
+    'worker started',
+  );
 
   return {
+    metricsPort: http.port,
     async close() {
+      draining = true;
       await worker.close();
       await pool.close();
+      const closed = new Promise<void>((done) => http.server.close(() => done()));
+      http.server.closeAllConnections();
+      await closed;
       await Promise.allSettled([redis.quit(), worker.disconnect()]);
     },
   };

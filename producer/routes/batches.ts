@@ -30,7 +30,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
     const maxLine = app.keyfleet.maxItemBytes * 6 + 2; // a JSON string may escape every byte as \u00XX
-    const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding }, (intake) =>
+    const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
       ndjson ? readNdjsonItems(body, intake, maxLine) : readJsonItems(body, intake),
     );
     request.log.info({ batchId, op, total }, 'batch accepted');
@@ -59,6 +59,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   r.delete('/v1/batches/:id', { schema: { params: batchParams } }, async (request) => {
     const batch = await readableBatch(request, batches, request.params.id);
     await batches.cancel(batch.id);
+    app.services.metrics.batches.inc({ event: 'cancelled' });
     request.log.info({ batchId: batch.id }, 'batch cancelled and deleted');
     return publicStatus((await batches.get(batch.id)) ?? batch);
   });

@@ -12,7 +12,7 @@ import { runSync } from '../sync-crypto.js';
  */
 export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
-  const { keyCache } = app.services;
+  const { keyCache, metrics } = app.services;
   const { syncMaxItems, maxItemBytes } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
@@ -24,8 +24,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       if (mode === 'sync' && items.length > syncMaxItems) {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
+      metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
       if (goAsync) {
-        const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding }, async (intake) => {
+        const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, async (intake) => {
           for (const item of items) {
             intake.add(Buffer.from(item, 'utf8'));
             await intake.drain();
@@ -44,6 +45,8 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         const retried = runSync(syncRequest, ring, newer).results;
         for (const i of newer) results[i] = retried[i]!;
       }
+      const failed = results.reduce((n, r) => n + ('error' in r ? 1 : 0), 0);
+      metrics.countItems(op, ring.type, 'sync', results.length - failed, failed);
       return { results };
     });
   }

@@ -22,6 +22,8 @@ export function testEnv(overrides: Record<string, string> = {}): { env: Record<s
       `${other.tenant}:${other.token}`,
     ].join(','),
     LOG_LEVEL: 'warn',
+    // Each worker process picks a free port for its metrics server.
+    WORKER_METRICS_PORT: '0',
     ...overrides,
   };
   return { env, admin, encryptOnly, other };

@@ -77,3 +77,29 @@ describe('chunk accounting', () => {
     expect(await redis.exists(keys.batchInputs(id), keys.batchResults(id), keys.batchDone(id))).toBe(0);
   });
 });
+
+describe('backlog', () => {
+  it('counts items stored and not yet processed, and returns to zero when batches complete, fail or are cancelled', async () => {
+    const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), 600);
+    const make = async (chunks: number) => {
+      const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' });
+      for (let c = 0; c < chunks; c++) await own.addChunk(id, c, Buffer.from('x'), 10);
+      return id;
+    };
+    const done = await make(2);
+    const failed = await make(3);
+    const cancelled = await make(1);
+    expect(await own.backlogItems()).toBe(60);
+    await own.completeChunk(done, 0, outcome(10, 'a\n'));
+    await own.completeChunk(done, 0, outcome(10, 'a\n')); // a rerun does not count twice
+    expect(await own.backlogItems()).toBe(50);
+    await own.completeChunk(done, 1, outcome(10, 'b\n'));
+    await own.completeChunk(failed, 0, outcome(10, 'c\n'));
+    await own.fail(failed, 'KF_CHUNK_FAILED');
+    await own.cancel(cancelled);
+    expect(await own.backlogItems()).toBe(0);
+    // A batch that ended takes no more chunks (an upload still running when it was cancelled).
+    await expect(own.addChunk(cancelled, 1, Buffer.from('x'), 10)).rejects.toMatchObject({ code: 'KF_UPLOAD_ABORTED' });
+    expect(await own.backlogItems()).toBe(0);
+  });
+});

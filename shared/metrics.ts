@@ -1,0 +1,115 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+/**
+ * Prometheus metrics. Every label has a small, fixed set of values (ops, key types, outcomes,
+ * route templates, states): no key name, tenant, batch id, token or item ever becomes a label.
+ */
+export const OUTCOMES = ['success', 'failure'] as const;
+
+export function createRegistry(component: 'api' | 'worker'): Registry {
+  const registry = new Registry();
+  registry.setDefaultLabels({ component });
+  collectDefaultMetrics({ register: registry, prefix: 'keyfleet_' });
+  return registry;
+}
+
+/** Metrics both processes record: items through the crypto engine. */
+export class CryptoMetrics {
+  readonly items: Counter<'op' | 'key_type' | 'outcome' | 'path'>;
+
+  constructor(registry: Registry) {
+    this.items = new Counter({
+      name: 'keyfleet_items_processed_total',
+      help: 'Items through the crypto engine, by operation, key type, outcome and path (sync in the API, batch in a worker).',
+      labelNames: ['op', 'key_type', 'outcome', 'path'],
+      registers: [registry],
+    });
+  }
+
+  countItems(op: string, keyType: string, path: 'sync' | 'batch', succeeded: number, failed: number): void {
+    if (succeeded > 0) this.items.inc({ op, key_type: keyType, outcome: 'success', path }, succeeded);
+    if (failed > 0) this.items.inc({ op, key_type: keyType, outcome: 'failure', path }, failed);
+  }
+}
+
+export class ApiMetrics extends CryptoMetrics {
+  readonly httpDuration: Histogram<'method' | 'route' | 'status_code'>;
+  readonly routing: Counter<'decision'>;
+  readonly batches: Counter<'event'>;
+
+  constructor(registry: Registry) {
+    super(registry);
+    this.httpDuration = new Histogram({
+      name: 'keyfleet_http_request_duration_seconds',
+      help: 'HTTP request duration by method, route template and status code.',
+      labelNames: ['method', 'route', 'status_code'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: [registry],
+    });
+    this.routing = new Counter({
+      name: 'keyfleet_sync_routing_total',
+      help: 'Crypto requests answered in the response (sync) or turned into a batch (async).',
+      labelNames: ['decision'],
+      registers: [registry],
+    });
+    this.batches = new Counter({
+      name: 'keyfleet_batches_total',
+      help: 'Batch lifecycle events seen by this API: created, cancelled (completed and failed are counted by workers).',
+      labelNames: ['event'],
+      registers: [registry],
+    });
+  }
+}
+
+export class WorkerMetrics extends CryptoMetrics {
+  readonly chunkDuration: Histogram<'op'>;
+  readonly batches: Counter<'event'>;
+  readonly chunks: Counter<'outcome'>;
+
+  constructor(registry: Registry, pool: { utilization: number; queueSize: number; threads: number }) {
+    super(registry);
+    this.chunkDuration = new Histogram({
+      name: 'keyfleet_chunk_duration_seconds',
+      help: 'Time to process one chunk in a worker: read inputs, crypto in a thread, store results.',
+      labelNames: ['op'],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers: [registry],
+    });
+    this.batches = new Counter({
+      name: 'keyfleet_batches_total',
+      help: 'Batch lifecycle events decided by this worker: completed, failed.',
+      labelNames: ['event'],
+      registers: [registry],
+    });
+    this.chunks = new Counter({
+      name: 'keyfleet_chunks_total',
+      help: 'Chunks handled by this worker by outcome: counted, duplicate (a rerun, discarded), skipped (batch ended), failed.',
+      labelNames: ['outcome'],
+      registers: [registry],
+    });
+    new Gauge({
+      name: 'keyfleet_worker_pool_utilization',
+      help: 'Share of thread time spent running chunks since the pool started, 0..1.',
+      registers: [registry],
+      collect() {
+        this.set(pool.utilization);
+      },
+    });
+    new Gauge({
+      name: 'keyfleet_worker_pool_queue_size',
+      help: 'Chunks waiting for a free thread in this worker.',
+      registers: [registry],
+      collect() {
+        this.set(pool.queueSize);
+      },
+    });
+    new Gauge({
+      name: 'keyfleet_worker_pool_threads',
+      help: 'Crypto threads in this worker.',
+      registers: [registry],
+      collect() {
+        this.set(pool.threads);
+      },
+    });
+  }
+}

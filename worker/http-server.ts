@@ -1,0 +1,42 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Registry } from 'prom-client';
+
+export interface WorkerHttpOptions {
+  readonly host: string;
+  readonly port: number;
+  readonly registry: Registry;
+  /** Readiness: resolves true when the worker can take chunks (Redis answers, not draining). */
+  readonly ready: () => Promise<boolean>;
+}
+
+/** A worker's own small HTTP server: /metrics for Prometheus, /healthz and /readyz for probes. */
+export async function startWorkerHttp({ host, port, registry, ready }: WorkerHttpOptions): Promise<{ server: Server; port: number }> {
+  const server = createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0];
+    const reply = (status: number, type: string, body: string): void => {
+      res.writeHead(status, { 'content-type': type }).end(body);
+    };
+    if (req.method !== 'GET') return reply(405, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
+    if (path === '/metrics') {
+      registry.metrics().then(
+        (text) => reply(200, registry.contentType, text),
+        () => reply(500, 'application/json', '{"error":{"code":"KF_INTERNAL","message":"internal error"}}'),
+      );
+    } else if (path === '/healthz') {
+      reply(200, 'application/json', '{"status":"ok"}');
+    } else if (path === '/readyz') {
+      ready().then(
+        (ok) => reply(ok ? 200 : 503, 'application/json', ok ? '{"status":"ready"}' : '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}'),
+        () => reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}'),
+      );
+    } else {
+      reply(404, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
+    }
+  });
+  await new Promise<void>((ok, fail) => {
+    server.once('error', fail);
+    server.listen(port, host, () => ok());
+  });
+  return { server, port: (server.address() as AddressInfo).port };
+}
