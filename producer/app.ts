@@ -4,6 +4,7 @@ import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod
 import { ConfigError, type Config } from '../shared/config.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { TokenVerifier } from '../shared/tokens.js';
+import { adminRoutes } from './plugins/admin.js';
 import { authPlugin } from './plugins/auth.js';
 import { errorsPlugin } from './plugins/errors.js';
 import { metricsPlugin } from './plugins/metrics.js';
@@ -62,5 +63,6 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   await app.register(keyRoutes);
   await app.register(cryptoRoutes);
   await app.register(batchRoutes);
+  await app.register(adminRoutes);
   return app;
 }

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { KeyfleetError } from '../../shared/errors.js';
 import type { Principal, Scope, TokenVerifier } from '../../shared/tokens.js';
@@ -14,19 +14,37 @@ declare module 'fastify' {
 }
 
 const BEARER = /^Bearer ([\x21-\x7e]{1,512})$/i;
+const BASIC = /^Basic ([A-Za-z0-9+/=]{1,1024})$/i;
+
+/** The token of a request: `Bearer <token>`, or HTTP Basic with the token as password (for browsers). */
+function presentedToken(header: string | undefined): string | undefined {
+  if (!header) return undefined;
+  const bearer = BEARER.exec(header);
+  if (bearer) return bearer[1];
+  const basic = BASIC.exec(header);
+  if (!basic?.[1]) return undefined;
+  const decoded = Buffer.from(basic[1], 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon === -1 ? undefined : decoded.slice(colon + 1);
+}
 
 /** Bearer-token authentication and per-route scopes. Unknown or missing tokens are 401, a missing scope 403. */
 export const authPlugin = fp(async (app: FastifyInstance, { verifier }: { verifier: TokenVerifier }) => {
   app.decorateRequest('principal', undefined);
-  app.addHook('onRequest', async (request) => {
+  app.addHook('onRequest', async (request, reply) => {
     const scope = request.routeOptions.config.scope;
-    if (scope === 'public') return;
-    const match = BEARER.exec(request.headers.authorization ?? '');
-    const principal = match?.[1] ? verifier.verify(match[1]) : undefined;
-    if (!principal) throw new KeyfleetError('KF_UNAUTHORIZED');
+    if (scope === 'public') return undefined;
+    const token = presentedToken(request.headers.authorization);
+    const principal = token ? verifier.verify(token) : undefined;
+    if (!principal) {
+      // Browsers only offer a sign-in prompt for a Basic challenge: give it on the admin UI.
+      reply.header('www-authenticate', request.url.startsWith('/admin') ? 'Basic realm="keyfleet admin", charset="UTF-8"' : 'Bearer realm="keyfleet"');
+      return deny(reply, new KeyfleetError('KF_UNAUTHORIZED'));
+    }
     request.principal = principal;
     request.log = request.log.child({ tenant: principal.tenant });
-    if (scope) requireScope(request, scope);
+    if (scope && !hasScope(principal, scope)) return deny(reply, forbidden([scope]));
+    return undefined;
   });
 });
 
@@ -38,8 +56,18 @@ export function principalOf(request: FastifyRequest): Principal {
 
 export function requireScope(request: FastifyRequest, ...anyOf: Scope[]): Principal {
   const principal = principalOf(request);
-  if (!anyOf.some((s) => principal.scopes.has(s))) {
-    throw new KeyfleetError('KF_FORBIDDEN', `the token lacks the ${anyOf.join(' or ')} scope`);
-  }
+  if (!hasScope(principal, ...anyOf)) throw forbidden(anyOf);
   return principal;
+}
+
+export const hasScope = (principal: Principal, ...anyOf: Scope[]): boolean => anyOf.some((s) => principal.scopes.has(s));
+
+const forbidden = (anyOf: readonly Scope[]): KeyfleetError => new KeyfleetError('KF_FORBIDDEN', `the token lacks the ${anyOf.join(' or ')} scope`);
+
+/**
+ * Answers a refused request from a hook directly rather than by throwing, so the answer is the
+ * same under plugins that bring their own error handler (Bull Board does).
+ */
+export function deny(reply: FastifyReply, error: KeyfleetError): FastifyReply {
+  return reply.status(error.status).send({ error: error.toBody() });
 }
