@@ -27,12 +27,12 @@ export interface ApiServices {
 }
 
 export function createApiServices(config: Config): ApiServices {
-  const redis = createRedis(config.redisUrl, { role: 'api' });
+  const redis = createRedis(config, { role: 'api' });
   const keys = new RedisKeys(config.prefix);
   const keyStore = new KeyStore(redis, keys, new MasterKey(requireMasterKey(config)));
-  const queueRedis = createRedis(config.redisUrl, { role: 'api' });
+  const queueRedis = createRedis(config, { role: 'api' });
   const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
-  const events = new BatchEvents(createRedis(config.redisUrl, { role: 'subscriber' }), keys);
+  const events = new BatchEvents(createRedis(config, { role: 'subscriber' }), keys);
   const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);

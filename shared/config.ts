@@ -18,7 +18,12 @@ const masterKey = z
   .optional();
 
 const envSchema = z.object({
-  REDIS_URL: z.string().regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL').default('redis://127.0.0.1:6379'),
+  REDIS_URL: z
+    .string()
+    .regex(/^rediss?:\/\/[^,\s]+(,\s*rediss?:\/\/[^,\s]+)*$/, 'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs)')
+    .default('redis://127.0.0.1:6379'),
+  /** Talk to a Redis Cluster: REDIS_URL lists seed nodes. */
+  REDIS_CLUSTER: z.enum(['true', 'false', '1', '0']).default('false'),
   HOST: z.string().min(1).default('127.0.0.1'),
   PORT: int(0, 65535).default(8080),
   KEYFLEET_TOKENS: z.string().optional(),
@@ -47,6 +52,7 @@ const envSchema = z.object({
 
 export interface Config {
   readonly redisUrl: string;
+  readonly redisCluster: boolean;
   readonly host: string;
   readonly port: number;
   readonly tokens: readonly TokenEntry[];
@@ -90,6 +96,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   return Object.freeze({
     redisUrl: e.REDIS_URL,
+    redisCluster: e.REDIS_CLUSTER === 'true' || e.REDIS_CLUSTER === '1',
     host: e.HOST,
     port: e.PORT,
     tokens: Object.freeze(tokens),

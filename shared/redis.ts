@@ -1,25 +1,45 @@
-import { Redis, type RedisOptions } from 'ioredis';
+import { Cluster, Redis as SingleRedis, type ClusterNode, type RedisOptions } from 'ioredis';
 
-export type { Redis };
+/** A Redis connection: one server, or a Redis Cluster. Every script keeps its keys in one slot, so both work alike. */
+export type Redis = SingleRedis | Cluster;
+
+export interface RedisTarget {
+  /** One redis:// URL, or for a cluster a comma-separated list of seed node URLs. */
+  readonly redisUrl: string;
+  readonly redisCluster: boolean;
+}
 
 export interface RedisRole {
   /** BullMQ workers need blocking commands retried forever (`maxRetriesPerRequest: null`). */
   readonly role: 'api' | 'worker' | 'subscriber' | 'tool';
 }
 
-/**
- * One place that turns REDIS_URL into a client, so a later switch to Redis Cluster or TLS
- * settings touches this file only.
- */
-export function createRedis(url: string, { role }: RedisRole): Redis {
+/** One place that turns the configuration into a client, single server or cluster alike. */
+export function createRedis(target: RedisTarget, { role }: RedisRole): Redis {
   const options: RedisOptions = {
     connectionName: `keyfleet-${role}`,
     // The API fails a request fast when Redis is gone (503) instead of queueing it for ever.
     maxRetriesPerRequest: role === 'api' ? 2 : null,
-    enableAutoPipelining: role === 'api',
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
   };
-  return new Redis(url, options);
+  const urls = target.redisUrl.split(',').map((u) => u.trim()).filter(Boolean);
+  if (!target.redisCluster) return new SingleRedis(urls[0]!, { ...options, enableAutoPipelining: role === 'api' });
+
+  const seeds: ClusterNode[] = urls.map((u) => {
+    const url = new URL(u);
+    return { host: url.hostname, port: Number(url.port || 6379) };
+  });
+  const first = new URL(urls[0]!);
+  return new Cluster(seeds, {
+    enableAutoPipelining: role === 'api',
+    clusterRetryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
+    redisOptions: {
+      ...options,
+      ...(first.username ? { username: decodeURIComponent(first.username) } : {}),
+      ...(first.password ? { password: decodeURIComponent(first.password) } : {}),
+      ...(first.protocol === 'rediss:' ? { tls: {} } : {}),
+    },
+  });
 }
 
 /** The Redis key layout. Everything lives under one `{hash tag}` prefix, so multi-key scripts stay in one slot. */

@@ -21,7 +21,7 @@ export interface RunningWorker {
 
 /** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool, plus its metrics server. */
 export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
-  const redis = createRedis(config.redisUrl, { role: 'worker' });
+  const redis = createRedis(config, { role: 'worker' });
   const keys = new RedisKeys(config.prefix);
   const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
@@ -33,7 +33,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     keys.queueName,
     createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes, metrics }),
     {
-      connection: createRedis(config.redisUrl, { role: 'worker' }),
+      connection: createRedis(config, { role: 'worker' }),
       prefix: keys.prefix,
       concurrency: config.workerConcurrency,
       // A chunk takes milliseconds; the lock only matters when a worker dies holding one.

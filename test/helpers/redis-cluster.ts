@@ -1,0 +1,53 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { freePort } from './net.js';
+
+export interface LocalCluster {
+  /** Comma-separated seed URLs, as REDIS_URL takes them with REDIS_CLUSTER=true. */
+  readonly urls: string;
+  stop(): Promise<void>;
+}
+
+/** A 3-master Redis Cluster on loopback, built with `redis-server --cluster-enabled yes` and `redis-cli --cluster create`. */
+export async function startCluster(): Promise<LocalCluster> {
+  const dir = mkdtempSync(join(tmpdir(), 'keyfleet-cluster-'));
+  const servers: ChildProcess[] = [];
+  const ports: number[] = [];
+  const stop = async (): Promise<void> => {
+    await Promise.all(
+      servers.map((s) => new Promise<void>((done) => (s.exitCode !== null ? done() : (s.once('exit', () => done()), s.kill('SIGTERM'))))),
+    );
+    rmSync(dir, { recursive: true, force: true });
+  };
+  try {
+    for (let i = 0; i < 3; i++) {
+      // The cluster bus listens on port + 10000: pick ports whose bus port is free as well.
+      let port = await freePort();
+      while (port > 55_000) port = await freePort();
+      ports.push(port);
+      const nodeDir = join(dir, String(port));
+      mkdirSync(nodeDir);
+      servers.push(
+        spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf', '--dir', nodeDir, '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction'], { stdio: 'ignore' }),
+      );
+    }
+    await waitFor(() => ports.every((p) => spawnSync('redis-cli', ['-p', String(p), 'ping']).stdout?.toString().trim() === 'PONG'), 10_000);
+    const create = spawnSync('redis-cli', ['--cluster', 'create', ...ports.map((p) => `127.0.0.1:${p}`), '--cluster-replicas', '0', '--cluster-yes']);
+    if (create.status !== 0) throw new Error(`redis-cli --cluster create failed: ${create.stdout}${create.stderr}`);
+    await waitFor(() => ports.every((p) => spawnSync('redis-cli', ['-p', String(p), 'cluster', 'info']).stdout?.toString().includes('cluster_state:ok')), 20_000);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { urls: ports.map((p) => `redis://127.0.0.1:${p}`).join(','), stop };
+}
+
+async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`Redis Cluster not ready within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
