@@ -67,6 +67,18 @@ describe('operators see a batch', () => {
     expect(api).toMatch(/keyfleet_http_request_duration_seconds_bucket\{[^}]*route="\/v1\/batches"/);
   });
 
+  it('in the logs: one request id from the API upload to the worker that completes the batch, and no secret anywhere', async () => {
+    const api = processes[0]!;
+    const workers = processes.slice(1, 3);
+    const accepted = JSON.parse(await api.waitFor(new RegExp(`"batchId":"${batchId}".*"msg":"batch accepted"`)));
+    expect(accepted.reqId).toMatch(/^[0-9a-f-]{36}$/);
+    const completed = workers.flatMap((w) => w.lines).filter((l) => l.includes('"msg":"batch completed"') && l.includes(batchId));
+    expect(completed).toHaveLength(1);
+    expect(JSON.parse(completed[0]!).requestId).toBe(accepted.reqId);
+    const all = processes.flatMap((p) => p.lines).join('\n');
+    for (const secret of ['obs-1', 'obs-59999', admin.token, encryptOnly.token, env['KEYFLEET_MASTER_KEY']!]) expect(all).not.toContain(secret);
+  });
+
   it('in a real Prometheus that scrapes the API and both workers', async () => {
     const promPort = await freePort();
     const config = join(tmp, 'prometheus.yml');
