@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import { ConfigError, type Config } from '../shared/config.js';
+import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { adminRoutes } from './plugins/admin.js';
@@ -35,6 +36,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     throw new ConfigError('invalid configuration:\n  KEYFLEET_TOKENS: required by the API (tenant:token[:scope+scope], comma-separated)');
   }
   const verifier = new TokenVerifier(config.tokens);
+  const kernel = resolveKernel(config.kernel); // fails fast when `native` was asked and is not built
   const app = Fastify({
     loggerInstance: (logger ?? createLogger({ level: config.logLevel, name: 'keyfleet-api' })) as FastifyBaseLogger,
     bodyLimit: config.maxBodyBytes,
@@ -53,6 +55,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.addHook('onSend', async (request, reply) => {
     reply.header('x-request-id', request.id);
   });
+  app.addHook('onReady', async () => app.log.info({ kernel }, 'crypto kernel'));
   app.addHook('preClose', async () => services.events.shutdown());
   app.addHook('onClose', async () => services.close());
 

@@ -6,6 +6,7 @@ import type { ChunkJobData } from '../shared/schemas.js';
 
 export interface IntakeOptions {
   readonly chunkItems: number;
+  /** The largest item accepted (see itemLimit); larger ones fail alone as KF_ITEM_TOO_LARGE. */
   readonly maxItemBytes: number;
 }
 

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { BatchSpec } from '../shared/batch-store.js';
+import { itemLimit } from '../shared/crypto/items.js';
 import { KeyfleetError } from '../shared/errors.js';
 import { BatchIntake } from './batch-intake.js';
 
@@ -13,7 +14,7 @@ export async function submitBatch(app: FastifyInstance, spec: BatchSpec, fill: (
   await keyCache.get(spec.tenant, spec.key); // 404 before any byte of the body is read
   const batchId = await batches.create(spec);
   app.services.metrics.batches.inc({ event: 'created' });
-  const intake = new BatchIntake(batchId, spec, batches, queue, { chunkItems: app.keyfleet.chunkItems, maxItemBytes: app.keyfleet.maxItemBytes });
+  const intake = new BatchIntake(batchId, spec, batches, queue, { chunkItems: app.keyfleet.chunkItems, maxItemBytes: itemLimit(spec.op, spec.encoding, app.keyfleet.maxItemBytes) });
   try {
     await fill(intake);
     if (intake.total === 0) throw new KeyfleetError('KF_VALIDATION', 'the upload holds no items');

@@ -1,11 +1,12 @@
 import { Buffer } from 'node:buffer';
+import { ITEM_OK, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
 import { itemError, type ErrorCode } from '../shared/errors.js';
-import { openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from '../shared/crypto/items.js';
+import { itemLimit, openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from '../shared/crypto/items.js';
+import { nativeJob, outputBound, resolveKernel, type KernelChoice } from '../shared/crypto/kernel.js';
 import type { KeyRing } from '../shared/crypto/key-ring.js';
+import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { NonceSource } from '../shared/crypto/nonces.js';
 import type { BatchOp } from '../shared/schemas.js';
-
-export type ItemResult = { ciphertext: string } | { plaintext: string } | ReturnType<typeof itemError>;
 
 export interface SyncRequest {
   readonly op: BatchOp;
@@ -14,36 +15,74 @@ export interface SyncRequest {
   readonly maxItemBytes: number;
 }
 
-// One nonce source per process: nonces are drawn from the CSPRNG in blocks, each used once.
-const nonces = new NonceSource();
-
-/**
- * The sync path: a few items, done on the API's own thread (no hand-off is cheaper than a
- * thread round trip for small requests). Returns one result per item, in order, and the
- * indices of items that named a key version newer than `ring` knows, for a retry on a fresh ring.
- */
-export function runSync(request: SyncRequest, ring: KeyRing, only?: readonly number[]): { results: ItemResult[]; newer: number[] } {
-  const results: ItemResult[] = new Array(request.items.length);
-  const newer: number[] = [];
-  const indices = only ?? request.items.keys();
-  for (const i of indices) {
-    const item = request.items[i]!;
-    if (Buffer.byteLength(item, 'utf8') > request.maxItemBytes) {
-      results[i] = itemError('KF_ITEM_TOO_LARGE');
-      continue;
-    }
-    const outcome = runOne(request, ring, item);
-    if (outcome === NEWER) {
-      newer.push(i);
-      results[i] = itemError('KF_DECRYPT_FAILED');
-    } else {
-      results[i] = typeof outcome === 'string' ? itemError(outcome) : outcome;
-    }
-  }
-  return { results, newer };
+export interface SyncOutcome {
+  /** The response body, `{"results":[…]}`, already serialised. */
+  readonly body: Buffer;
+  readonly succeeded: number;
+  readonly failed: number;
+  /** A ciphertext named a version newer than the ring: reload the ring and run again. */
+  readonly newerVersionSeen: boolean;
 }
 
-const NEWER = Symbol('newer');
+// One nonce source per process: nonces are drawn from the CSPRNG in blocks, each used once.
+const nonces = new NonceSource();
+const OPEN = Buffer.from('{"results":[');
+const CLOSE = ']}';
+
+/**
+ * The sync path: a few items, done on the API's own thread (for small requests no hand-off
+ * beats a thread round trip). With the native kernel the items are packed into one buffer and
+ * the kernel writes the response body itself; without it, node:crypto item by item.
+ */
+export function runSync(request: SyncRequest, ring: KeyRing, kernel: KernelChoice): SyncOutcome {
+  return resolveKernel(kernel) === 'native' ? runNative(request, ring) : runJs(request, ring);
+}
+
+function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: KeyRing): SyncOutcome {
+  const limit = itemLimit(op, encoding, maxItemBytes);
+  let size = 0;
+  for (const item of items) size += 5 + Math.min(Buffer.byteLength(item, 'utf8'), limit + 1);
+  const packed = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (const item of items) {
+    const length = Buffer.byteLength(item, 'utf8');
+    if (length > limit) {
+      packed[at] = ITEM_TOO_LARGE;
+      packed.writeUInt32LE(0, at + 1);
+      at += 5;
+      continue;
+    }
+    packed[at] = ITEM_OK;
+    packed.writeUInt32LE(length, at + 1);
+    at += 5 + packed.write(item, at + 5, 'utf8');
+  }
+  const job = nativeJob({ op, encoding, firstIndex: 0, maxItemBytes }, ring, true);
+  const body = Buffer.allocUnsafe(OPEN.length + outputBound(op, items.length, at) + CLOSE.length);
+  OPEN.copy(body);
+  const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job, packed.subarray(0, at), body.subarray(OPEN.length));
+  // The kernel ends every result with a comma; the last one gives way to the closing bracket.
+  const end = OPEN.length + written - (written > 0 ? 1 : 0);
+  body.write(CLOSE, end, 'latin1');
+  return { body: body.subarray(0, end + CLOSE.length), succeeded, failed, newerVersionSeen };
+}
+
+type ItemResult = { ciphertext: string } | { plaintext: string } | ReturnType<typeof itemError>;
+
+function runJs(request: SyncRequest, ring: KeyRing): SyncOutcome {
+  let failed = 0;
+  let newerVersionSeen = false;
+  const limit = itemLimit(request.op, request.encoding, request.maxItemBytes);
+  const results = request.items.map((item): ItemResult => {
+    const outcome = Buffer.byteLength(item, 'utf8') > limit ? 'KF_ITEM_TOO_LARGE' : runOne(request, ring, item);
+    if (typeof outcome !== 'string') return outcome;
+    failed++;
+    if (outcome === NEWER) newerVersionSeen = true;
+    return itemError(outcome === NEWER ? 'KF_DECRYPT_FAILED' : outcome);
+  });
+  return { body: Buffer.from(JSON.stringify({ results })), succeeded: results.length - failed, failed, newerVersionSeen };
+}
+
+const NEWER = 'newer';
 
 function runOne({ op, encoding }: SyncRequest, ring: KeyRing, item: string): ItemResult | ErrorCode | typeof NEWER {
   if (op === 'encrypt') {

@@ -47,6 +47,8 @@ const envSchema = z.object({
   MAX_ITEM_BYTES: int(1).default(64 * 1024),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
+  /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
+  KEYFLEET_KERNEL: z.enum(['auto', 'native', 'js']).default('auto'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 
@@ -69,6 +71,7 @@ export interface Config {
   readonly maxBodyBytes: number;
   readonly maxItemBytes: number;
   readonly workerMetricsPort: number;
+  readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
 }
 
@@ -113,6 +116,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     maxBodyBytes: e.MAX_BODY_BYTES,
     maxItemBytes: e.MAX_ITEM_BYTES,
     workerMetricsPort: e.WORKER_METRICS_PORT,
+    kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
   });
 }

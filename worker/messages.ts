@@ -1,4 +1,5 @@
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
+import type { KernelChoice } from '../shared/crypto/kernel.js';
 import type { KeyRingData } from '../shared/crypto/key-ring.js';
 
 /** What the pool posts to a thread: the chunk's packed inputs travel as a transferred buffer. */
@@ -6,6 +7,7 @@ export interface ThreadTask {
   readonly job: ChunkJob;
   readonly input: Uint8Array;
   readonly ring: KeyRingData;
+  readonly kernel: KernelChoice;
 }
 
 /**
@@ -14,16 +16,12 @@ export interface ThreadTask {
  */
 export const RESULT_HEADER_BYTES = 13;
 
-export function encodeResult(lines: string, count: number, succeeded: number, failed: number, newerVersionSeen: boolean): Uint8Array {
-  const bytes = Buffer.byteLength(lines, 'utf8');
-  // Its own ArrayBuffer (never Node's shared pool), so it can be transferred back whole.
-  const out = Buffer.from(new ArrayBuffer(RESULT_HEADER_BYTES + bytes));
-  out.writeUInt32LE(count, 0);
-  out.writeUInt32LE(succeeded, 4);
-  out.writeUInt32LE(failed, 8);
-  out[12] = newerVersionSeen ? 1 : 0;
-  out.write(lines, RESULT_HEADER_BYTES, 'utf8');
-  return out;
+export function writeResultHeader(result: Uint8Array, count: number, succeeded: number, failed: number, newerVersionSeen: boolean): void {
+  const view = new DataView(result.buffer, result.byteOffset, RESULT_HEADER_BYTES);
+  view.setUint32(0, count, true);
+  view.setUint32(4, succeeded, true);
+  view.setUint32(8, failed, true);
+  view.setUint8(12, newerVersionSeen ? 1 : 0);
 }
 
 export interface DecodedResult {

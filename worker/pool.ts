@@ -1,18 +1,23 @@
 import { Piscina } from 'piscina';
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
+import type { KernelChoice } from '../shared/crypto/kernel.js';
 import type { KeyRingData } from '../shared/crypto/key-ring.js';
 import { decodeResult, type DecodedResult, type ThreadTask } from './messages.js';
 
 export interface CryptoPoolOptions {
   /** Threads in the pool; one per core by default (WORKER_THREADS). */
   readonly threads: number;
+  /** Which crypto kernel the threads use: the native one where built (`auto`), or always `js`. */
+  readonly kernel: KernelChoice;
 }
 
 /** A worker_threads pool (piscina) that runs whole chunks; the main thread only moves buffers. */
 export class CryptoPool {
   readonly #pool: Piscina<ThreadTask, Uint8Array>;
+  readonly #kernel: KernelChoice;
 
-  constructor({ threads }: CryptoPoolOptions) {
+  constructor({ threads, kernel }: CryptoPoolOptions) {
+    this.#kernel = kernel;
     if (!Number.isInteger(threads) || threads < 1) throw new RangeError(`CryptoPool: threads must be a positive integer, got ${threads}`);
     this.#pool = new Piscina({
       filename: new URL('./thread.js', import.meta.url).href,
@@ -25,7 +30,7 @@ export class CryptoPool {
 
   async run(job: ChunkJob, input: Buffer, ring: KeyRingData): Promise<DecodedResult> {
     const owned = ownsArrayBuffer(input) ? input : new Uint8Array(input);
-    const task: ThreadTask = { job, input: owned, ring };
+    const task: ThreadTask = { job, input: owned, ring, kernel: this.#kernel };
     // Transfer, not copy: the chunk's bytes move to the thread and the result buffer moves back.
     const result = await this.#pool.run(task, { transferList: [owned.buffer as ArrayBuffer] });
     return decodeResult(result);

@@ -6,6 +6,8 @@ import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
+import { resolveKernel } from '../shared/crypto/kernel.js';
+import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { startWorkerHttp } from './http-server.js';
@@ -25,7 +27,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const keys = new RedisKeys(config.prefix);
   const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
-  const pool = new CryptoPool({ threads: config.workerThreads });
+  const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
 
@@ -70,7 +72,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     ready: async () => !draining && (await redis.ping()) === 'PONG',
   });
   logger.info(
-    { threads: pool.threads, concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
+    { threads: pool.threads, kernel: resolveKernel(config.kernel), ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
     'worker started',
   );
 

@@ -2,6 +2,7 @@ import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
+import { itemLimit } from '../../shared/crypto/items.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchParams, createBatchQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
@@ -29,7 +30,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const body = request.body as AsyncIterable<Buffer> | undefined;
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
-    const maxLine = app.keyfleet.maxItemBytes * 6 + 2; // a JSON string may escape every byte as \u00XX
+    const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
     const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
       ndjson ? readNdjsonItems(body, intake, maxLine) : readJsonItems(body, intake),
     );

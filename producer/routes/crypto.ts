@@ -13,7 +13,7 @@ import { runSync } from '../sync-crypto.js';
 export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const { keyCache, metrics } = app.services;
-  const { syncMaxItems, maxItemBytes } = app.keyfleet;
+  const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
     r.post(`/v1/${op}/:key`, { config: { scope: op }, schema: { params: cryptoParams, body: cryptoBody } }, async (request, reply) => {
@@ -38,16 +38,14 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
 
       const syncRequest = { op, items, encoding, maxItemBytes };
       let ring = await keyCache.get(tenant, key);
-      const { results, newer } = runSync(syncRequest, ring);
-      if (newer.length > 0) {
+      let outcome = runSync(syncRequest, ring, kernel);
+      if (outcome.newerVersionSeen) {
         // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
         ring = await keyCache.get(tenant, key, { fresh: true });
-        const retried = runSync(syncRequest, ring, newer).results;
-        for (const i of newer) results[i] = retried[i]!;
+        outcome = runSync(syncRequest, ring, kernel);
       }
-      const failed = results.reduce((n, r) => n + ('error' in r ? 1 : 0), 0);
-      metrics.countItems(op, ring.type, 'sync', results.length - failed, failed);
-      return { results };
+      metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
+      return reply.type('application/json; charset=utf-8').send(outcome.body);
     });
   }
 }

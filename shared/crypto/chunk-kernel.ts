@@ -1,7 +1,7 @@
 import { forEachItem, ITEM_NOT_STRING, ITEM_OK } from '../chunk-codec.js';
 import { CATALOGUE, type ErrorCode } from '../errors.js';
 import type { BatchOp } from '../schemas.js';
-import { openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from './items.js';
+import { itemLimit, openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from './items.js';
 import type { KeyRing } from './key-ring.js';
 import { NonceSource } from './nonces.js';
 
@@ -10,6 +10,7 @@ export interface ChunkJob {
   readonly encoding: Encoding;
   /** Index of the chunk's first item within its batch; result lines carry absolute indices. */
   readonly firstIndex: number;
+  /** The plaintext limit (MAX_ITEM_BYTES); inputs may be as large as a ciphertext of such a plaintext. */
   readonly maxItemBytes: number;
 }
 
@@ -41,10 +42,11 @@ export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: N
     failed++;
   };
 
+  const limit = itemLimit(job.op, job.encoding, job.maxItemBytes);
   const count = forEachItem(packed, (flag, bytes, index) => {
     const i = job.firstIndex + index;
     if (flag !== ITEM_OK) return fail(i, flag === ITEM_NOT_STRING ? 'KF_INVALID_ITEM' : 'KF_ITEM_TOO_LARGE');
-    if (bytes.length > job.maxItemBytes) return fail(i, 'KF_ITEM_TOO_LARGE');
+    if (bytes.length > limit) return fail(i, 'KF_ITEM_TOO_LARGE');
 
     if (job.op === 'encrypt') {
       const plaintext = job.encoding === 'utf8' ? bytes : plaintextBytes(bytes.toString('latin1'), 'base64');

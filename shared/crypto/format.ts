@@ -18,6 +18,7 @@ export interface ParsedCiphertext {
 }
 
 const MAX_VERSION_DIGITS = 9;
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /** Parses the textual format; undefined when it is not one (the caller reports the uniform decrypt error). */
 export function parseCiphertext(text: string): ParsedCiphertext | undefined {
@@ -32,6 +33,7 @@ export function parseCiphertext(text: string): ParsedCiphertext | undefined {
   }
   if (version < 1) return undefined;
   const body = text.slice(colon + 1);
-  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(body)) return undefined;
+  // Strict base64 (length a multiple of 4), exactly as the native kernel decodes it.
+  if (!BASE64.test(body)) return undefined;
   return { version, sealed: Buffer.from(body, 'base64') };
 }

@@ -6,6 +6,15 @@ import type { KeyRing } from './key-ring.js';
 
 export type Encoding = 'utf8' | 'base64';
 
+/**
+ * The largest item a caller may send for an operation, given MAX_ITEM_BYTES as the plaintext
+ * limit: a base64 plaintext or a ciphertext of a maximal plaintext must still fit.
+ */
+export function itemLimit(op: 'encrypt' | 'decrypt' | 'rewrap', encoding: Encoding, maxPlaintextBytes: number): number {
+  if (op === 'encrypt') return encoding === 'base64' ? Math.ceil(maxPlaintextBytes / 3) * 4 : maxPlaintextBytes;
+  return Math.ceil((maxPlaintextBytes + 28) / 3) * 4 + 16; // nonce + tag, base64, `kf:v{version}:`
+}
+
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /** Turns a caller's plaintext string into bytes; undefined when `base64` was promised and not kept. */

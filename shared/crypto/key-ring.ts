@@ -50,6 +50,14 @@ export class KeyRing {
     return this.#versions.get(v);
   }
 
+  /** The versions as the native kernel takes them (material and associated data as bytes). */
+  nativeVersions(): ReadonlyArray<{ version: number; key: Uint8Array; aad: Uint8Array }> {
+    this.#native ??= this.#data.versions.map((v) => ({ version: v.version, key: v.material, aad: associatedData(this.name, v.version) }));
+    return this.#native;
+  }
+
+  #native: ReadonlyArray<{ version: number; key: Uint8Array; aad: Uint8Array }> | undefined;
+
   toData(): KeyRingData {
     return this.#data;
   }

@@ -1,0 +1,442 @@
+// keyfleet's batch crypto kernel: one N-API call per chunk over OpenSSL's EVP API (the
+// OpenSSL that Node itself ships and exports). The per-call cost of Node's cipher objects,
+// not AES, is the wall for small items; here one EVP context is reused for the whole chunk
+// and only the nonce is reset per item. Output is the chunk's NDJSON result lines, written
+// into a caller-provided buffer, byte for byte what the JavaScript kernel writes.
+//
+// Input layout (shared/chunk-codec.ts): per item [u8 flag][u32le length][length bytes].
+#define NAPI_VERSION 8
+#include <node_api.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONCE 12
+#define TAG 16
+#define KEY 32
+#define MAX_VERSIONS 4096
+
+enum { OP_ENCRYPT = 0, OP_DECRYPT = 1, OP_REWRAP = 2 };
+enum { ITEM_OK = 0, ITEM_NOT_STRING = 1, ITEM_TOO_LARGE = 2 };
+// Indices into the error table JavaScript registers (the catalogue stays the one source).
+enum { E_INVALID_ITEM = 0, E_ITEM_TOO_LARGE, E_DECRYPT_FAILED, E_VERSION_DISABLED, E_NOT_UTF8, E_INVALID_ENCODING, E_COUNT };
+
+static char *error_json[E_COUNT];
+static size_t error_len[E_COUNT];
+
+typedef struct {
+  uint8_t *p;
+  size_t at, cap;
+  int overflow;
+} out_t;
+
+static inline void put(out_t *o, const void *s, size_t n) {
+  if (o->at + n > o->cap) { o->overflow = 1; return; }
+  memcpy(o->p + o->at, s, n);
+  o->at += n;
+}
+static inline void putc_(out_t *o, uint8_t c) {
+  if (o->at + 1 > o->cap) { o->overflow = 1; return; }
+  o->p[o->at++] = c;
+}
+static void put_uint(out_t *o, uint64_t v) {
+  char tmp[24];
+  int n = 0;
+  do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+  if (o->at + n > o->cap) { o->overflow = 1; return; }
+  while (n) o->p[o->at++] = (uint8_t)tmp[--n];
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static int8_t B64_REV[256];
+
+static void put_base64(out_t *o, const uint8_t *s, size_t n) {
+  size_t need = ((n + 2) / 3) * 4;
+  if (o->at + need > o->cap) { o->overflow = 1; return; }
+  uint8_t *d = o->p + o->at;
+  size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
+    *d++ = B64[v >> 18]; *d++ = B64[(v >> 12) & 63]; *d++ = B64[(v >> 6) & 63]; *d++ = B64[v & 63];
+  }
+  if (n - i == 1) {
+    uint32_t v = (uint32_t)s[i] << 16;
+    *d++ = B64[v >> 18]; *d++ = B64[(v >> 12) & 63]; *d++ = '='; *d++ = '=';
+  } else if (n - i == 2) {
+    uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
+    *d++ = B64[v >> 18]; *d++ = B64[(v >> 12) & 63]; *d++ = B64[(v >> 6) & 63]; *d++ = '=';
+  }
+  o->at += need;
+}
+
+// Strict base64: standard alphabet, length a multiple of 4, at most two '=' at the end.
+// Returns decoded length, or -1.
+static long decode_base64(const uint8_t *s, size_t n, uint8_t *d) {
+  if (n % 4) return -1;
+  size_t pad = 0;
+  if (n && s[n - 1] == '=') pad++;
+  if (n > 1 && s[n - 2] == '=') pad++;
+  size_t out = 0;
+  for (size_t i = 0; i < n; i += 4) {
+    int32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+      uint8_t c = s[i + k];
+      int8_t r;
+      if (c == '=' && i + 4 == n && k >= 4 - (int)pad) r = 0;
+      else if ((r = B64_REV[c]) < 0) return -1;
+      v = (v << 6) | r;
+    }
+    d[out++] = (uint8_t)(v >> 16);
+    if (!(i + 4 == n && pad == 2)) d[out++] = (uint8_t)(v >> 8);
+    if (!(i + 4 == n && pad >= 1)) d[out++] = (uint8_t)v;
+  }
+  return (long)out;
+}
+
+static int valid_utf8(const uint8_t *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    uint8_t c = s[i];
+    if (c < 0x80) { i++; continue; }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return 0;
+    if (i + len > n) return 0;
+    for (size_t k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return 0;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+    if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+    i += len;
+  }
+  return 1;
+}
+
+// JSON string body as JSON.stringify writes it: \" \\ \b \f \n \r \t, other controls \u00xx.
+static void put_json_string(out_t *o, const uint8_t *s, size_t n) {
+  static const char HEX[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = s[i];
+    if (c >= 0x20 && c != '"' && c != '\\') { putc_(o, c); continue; }
+    putc_(o, '\\');
+    switch (c) {
+      case '"': putc_(o, '"'); break;
+      case '\\': putc_(o, '\\'); break;
+      case '\b': putc_(o, 'b'); break;
+      case '\f': putc_(o, 'f'); break;
+      case '\n': putc_(o, 'n'); break;
+      case '\r': putc_(o, 'r'); break;
+      case '\t': putc_(o, 't'); break;
+      default: put(o, "u00", 3); putc_(o, HEX[c >> 4]); putc_(o, HEX[c & 15]);
+    }
+  }
+}
+
+typedef struct {
+  uint32_t version;
+  const uint8_t *key;
+  const uint8_t *aad;
+  size_t aad_len;
+} version_t;
+
+typedef struct {
+  int op, base64_out, base64_in;
+  // sync: results as the items of a JSON array ({"ciphertext":…},) rather than NDJSON lines with "i".
+  int sync;
+  uint64_t first_index;
+  uint32_t max_item;
+  uint32_t latest, min_dec;
+  version_t *versions;
+  size_t nversions;
+  EVP_CIPHER_CTX *enc, *dec;
+  const version_t *dec_key;  // the version whose key `dec` holds
+  uint8_t *nonces;
+  size_t nonce_at, nonce_count;
+  uint8_t *scratch;           // decoded ciphertext, then plaintext
+  uint32_t succeeded, failed;
+  int newer;
+} job_t;
+
+static const version_t *find_version(job_t *j, uint32_t v) {
+  for (size_t i = 0; i < j->nversions; i++) if (j->versions[i].version == v) return &j->versions[i];
+  return NULL;
+}
+
+static void begin_line(job_t *j, out_t *o, uint64_t i) {
+  if (j->sync) { putc_(o, '{'); return; }
+  put(o, "{\"i\":", 5); put_uint(o, i); putc_(o, ',');
+}
+static void end_line(job_t *j, out_t *o) {
+  put(o, j->sync ? "}," : "}\n", 2);
+}
+
+static void fail_line(job_t *j, out_t *o, uint64_t i, int e) {
+  begin_line(j, o, i); put(o, "\"error\":", 8); put(o, error_json[e], error_len[e]); end_line(j, o);
+  j->failed++;
+}
+
+// Seals under the latest version and writes `"kf:vN:<base64>"` (with quotes).
+static int seal(job_t *j, out_t *o, const uint8_t *pt, size_t n, uint8_t *buf) {
+  const version_t *v = find_version(j, j->latest);
+  if (!v) return 0;
+  const uint8_t *nonce = j->nonces + NONCE * j->nonce_at++;
+  int len = 0;
+  memcpy(buf, nonce, NONCE);
+  if (!EVP_EncryptInit_ex(j->enc, NULL, NULL, NULL, nonce)) return 0;
+  if (!EVP_EncryptUpdate(j->enc, NULL, &len, v->aad, (int)v->aad_len)) return 0;
+  if (n && !EVP_EncryptUpdate(j->enc, buf + NONCE, &len, pt, (int)n)) return 0;
+  if (!EVP_EncryptFinal_ex(j->enc, buf + NONCE + n, &len)) return 0;
+  if (!EVP_CIPHER_CTX_ctrl(j->enc, EVP_CTRL_GCM_GET_TAG, TAG, buf + NONCE + n)) return 0;
+  put(o, "\"kf:v", 5); put_uint(o, j->latest); putc_(o, ':');
+  put_base64(o, buf, NONCE + n + TAG);
+  putc_(o, '"');
+  return 1;
+}
+
+// Opens `kf:vN:<base64>` into j->scratch; returns plaintext length, or -1 - error index.
+static long open_item(job_t *j, const uint8_t *s, size_t n) {
+  if (n < 6 || memcmp(s, "kf:v", 4) != 0) return -1 - E_DECRYPT_FAILED;
+  size_t at = 4;
+  uint64_t version = 0;
+  while (at < n && at < 4 + 10 && s[at] >= '0' && s[at] <= '9') version = version * 10 + (s[at++] - '0');
+  if (at == 4 || at - 4 > 9 || at >= n || s[at] != ':' || version < 1) return -1 - E_DECRYPT_FAILED;
+  at++;
+  if (version > j->latest) { j->newer = 1; return -1 - E_DECRYPT_FAILED; }
+  if (version < j->min_dec) return -1 - E_VERSION_DISABLED;
+  const version_t *v = find_version(j, (uint32_t)version);
+  if (!v) return -1 - E_DECRYPT_FAILED;
+  long sealed = decode_base64(s + at, n - at, j->scratch);
+  if (sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
+  size_t ct = (size_t)sealed - NONCE - TAG;
+  int len = 0;
+  if (j->dec_key != v) {
+    if (!EVP_DecryptInit_ex(j->dec, NULL, NULL, v->key, NULL)) return -1 - E_DECRYPT_FAILED;
+    j->dec_key = v;
+  }
+  uint8_t *plain = j->scratch + sealed;  // after the sealed bytes
+  if (!EVP_DecryptInit_ex(j->dec, NULL, NULL, NULL, j->scratch)) return -1 - E_DECRYPT_FAILED;
+  if (!EVP_DecryptUpdate(j->dec, NULL, &len, v->aad, (int)v->aad_len)) return -1 - E_DECRYPT_FAILED;
+  if (ct && !EVP_DecryptUpdate(j->dec, plain, &len, j->scratch + NONCE, (int)ct)) return -1 - E_DECRYPT_FAILED;
+  if (!EVP_CIPHER_CTX_ctrl(j->dec, EVP_CTRL_GCM_SET_TAG, TAG, j->scratch + NONCE + ct)) return -1 - E_DECRYPT_FAILED;
+  if (EVP_DecryptFinal_ex(j->dec, plain + ct, &len) <= 0) return -1 - E_DECRYPT_FAILED;
+  memmove(j->scratch, plain, ct);
+  return (long)ct;
+}
+
+// ---- N-API glue --------------------------------------------------------------------------
+
+#define CHECK(call) do { if ((call) != napi_ok) { napi_throw_error(env, NULL, "keyfleet kernel: N-API call failed: " #call); return NULL; } } while (0)
+
+static napi_value throw_msg(napi_env env, const char *msg) {
+  napi_throw_error(env, "KF_KERNEL", msg);
+  return NULL;
+}
+
+static int get_u32(napi_env env, napi_value obj, const char *name, uint32_t *out) {
+  napi_value v;
+  return napi_get_named_property(env, obj, name, &v) == napi_ok && napi_get_value_uint32(env, v, out) == napi_ok;
+}
+
+static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **data, size_t *len) {
+  napi_value v;
+  bool is;
+  if (napi_get_named_property(env, obj, name, &v) != napi_ok) return 0;
+  if (napi_is_typedarray(env, v, &is) != napi_ok || !is) return 0;
+  napi_typedarray_type type;
+  size_t length, offset;
+  void *base;
+  napi_value ab;
+  if (napi_get_typedarray_info(env, v, &type, &length, &base, &ab, &offset) != napi_ok || type != napi_uint8_array) return 0;
+  *data = base;
+  *len = length;
+  return 1;
+}
+
+// setErrors([json of KF_INVALID_ITEM, KF_ITEM_TOO_LARGE, KF_DECRYPT_FAILED, KF_KEY_VERSION_DISABLED, KF_NOT_UTF8, KF_INVALID_ENCODING])
+static napi_value set_errors(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1];
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  for (uint32_t i = 0; i < E_COUNT; i++) {
+    napi_value s;
+    size_t len;
+    CHECK(napi_get_element(env, argv[0], i, &s));
+    CHECK(napi_get_value_string_utf8(env, s, NULL, 0, &len));
+    char *copy = malloc(len + 1);
+    if (!copy) return throw_msg(env, "out of memory");
+    CHECK(napi_get_value_string_utf8(env, s, copy, len + 1, &len));
+    free(error_json[i]);
+    error_json[i] = copy;
+    error_len[i] = len;
+  }
+  return NULL;
+}
+
+// run(job, input, output) → [bytesWritten, count, succeeded, failed, newerVersionSeen]
+// job: { op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion,
+//        versions: [{ version, key: Uint8Array(32), aad: Uint8Array }] }
+static napi_value run(napi_env env, napi_callback_info info) {
+  size_t argc = 3;
+  napi_value argv[3];
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (argc != 3) return throw_msg(env, "run(job, input, output): expected 3 arguments");
+  if (!error_json[0]) return throw_msg(env, "setErrors must be called first");
+
+  job_t j;
+  memset(&j, 0, sizeof j);
+  uint32_t op, b64, b64in, sync, first, maxItem, latest, minDec;
+  if (!get_u32(env, argv[0], "op", &op) || !get_u32(env, argv[0], "base64Out", &b64) || !get_u32(env, argv[0], "base64In", &b64in) || !get_u32(env, argv[0], "sync", &sync) || !get_u32(env, argv[0], "firstIndex", &first) ||
+      !get_u32(env, argv[0], "maxItemBytes", &maxItem) || !get_u32(env, argv[0], "latest", &latest) || !get_u32(env, argv[0], "minDecryptionVersion", &minDec))
+    return throw_msg(env, "run: job fields must be unsigned 32-bit integers");
+  if (op > OP_REWRAP) return throw_msg(env, "run: unknown op");
+  j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.sync = (int)sync; j.first_index = first; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
+
+  napi_value versions;
+  uint32_t nv;
+  CHECK(napi_get_named_property(env, argv[0], "versions", &versions));
+  CHECK(napi_get_array_length(env, versions, &nv));
+  if (nv == 0 || nv > MAX_VERSIONS) return throw_msg(env, "run: versions must hold 1..4096 entries");
+  version_t vs[MAX_VERSIONS > 64 ? 64 : MAX_VERSIONS];
+  version_t *vp = nv <= 64 ? vs : malloc(sizeof(version_t) * nv);
+  if (!vp) return throw_msg(env, "out of memory");
+  for (uint32_t i = 0; i < nv; i++) {
+    napi_value e;
+    uint8_t *key, *aad;
+    size_t klen, alen;
+    CHECK(napi_get_element(env, versions, i, &e));
+    if (!get_u32(env, e, "version", &vp[i].version) || !get_buffer(env, e, "key", &key, &klen) || klen != KEY || !get_buffer(env, e, "aad", &aad, &alen)) {
+      if (vp != vs) free(vp);
+      return throw_msg(env, "run: each version needs { version, key: 32 bytes, aad: bytes }");
+    }
+    vp[i].key = key; vp[i].aad = aad; vp[i].aad_len = alen;
+  }
+  j.versions = vp;
+  j.nversions = nv;
+
+  uint8_t *in, *outp;
+  size_t in_len, out_len;
+  napi_value inputs[2] = {argv[1], argv[2]};
+  (void)inputs;
+  {
+    bool is;
+    napi_typedarray_type type;
+    void *base;
+    napi_value ab;
+    size_t off;
+    if (napi_is_typedarray(env, argv[1], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[1], &type, &in_len, &base, &ab, &off) != napi_ok) {
+      if (vp != vs) free(vp);
+      return throw_msg(env, "run: input must be a Uint8Array");
+    }
+    in = base;
+    if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &out_len, &base, &ab, &off) != napi_ok) {
+      if (vp != vs) free(vp);
+      return throw_msg(env, "run: output must be a Uint8Array");
+    }
+    outp = base;
+  }
+
+  // First pass: validate the framing, count items and the largest one.
+  size_t count = 0, largest = 0, at = 0;
+  while (at < in_len) {
+    if (at + 5 > in_len) { if (vp != vs) free(vp); return throw_msg(env, "corrupt chunk: header truncated"); }
+    uint32_t len = (uint32_t)in[at + 1] | ((uint32_t)in[at + 2] << 8) | ((uint32_t)in[at + 3] << 16) | ((uint32_t)in[at + 4] << 24);
+    if (len > in_len - at - 5) { if (vp != vs) free(vp); return throw_msg(env, "corrupt chunk: item truncated"); }
+    if (len > largest) largest = len;
+    at += 5 + (size_t)len;
+    count++;
+  }
+
+  j.enc = EVP_CIPHER_CTX_new();
+  j.dec = EVP_CIPHER_CTX_new();
+  j.scratch = malloc(2 * largest + 2 * NONCE + 2 * TAG + 64);
+  int needs_seal = j.op != OP_DECRYPT;
+  j.nonce_count = needs_seal ? count : 0;
+  j.nonces = malloc(NONCE * (j.nonce_count ? j.nonce_count : 1));
+  const version_t *latest_v = find_version(&j, j.latest);
+  int ok = j.enc && j.dec && j.scratch && j.nonces && latest_v &&
+           EVP_EncryptInit_ex(j.enc, EVP_aes_256_gcm(), NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.enc, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) &&
+           EVP_EncryptInit_ex(j.enc, NULL, NULL, latest_v->key, NULL) &&
+           EVP_DecryptInit_ex(j.dec, EVP_aes_256_gcm(), NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.dec, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) &&
+           (!j.nonce_count || RAND_bytes(j.nonces, (int)(NONCE * j.nonce_count)) == 1);
+  out_t o = {outp, 0, out_len, 0};
+  uint8_t *sealbuf = ok ? malloc(largest + NONCE + TAG + 16) : NULL;
+  ok = ok && sealbuf;
+
+  at = 0;
+  for (size_t n = 0; ok && n < count && !o.overflow; n++) {
+    uint8_t flag = in[at];
+    uint32_t len = (uint32_t)in[at + 1] | ((uint32_t)in[at + 2] << 8) | ((uint32_t)in[at + 3] << 16) | ((uint32_t)in[at + 4] << 24);
+    const uint8_t *item = in + at + 5;
+    at += 5 + (size_t)len;
+    uint64_t i = j.first_index + n;
+    if (flag != ITEM_OK) { fail_line(&j, &o, i, flag == ITEM_NOT_STRING ? E_INVALID_ITEM : E_ITEM_TOO_LARGE); continue; }
+    if (len > j.max_item) { fail_line(&j, &o, i, E_ITEM_TOO_LARGE); continue; }
+    if (j.op == OP_ENCRYPT) {
+      if (j.base64_in) {
+        long plain = decode_base64(item, len, j.scratch);
+        if (plain < 0) { fail_line(&j, &o, i, E_INVALID_ENCODING); continue; }
+        item = j.scratch;
+        len = (uint32_t)plain;
+      }
+      begin_line(&j, &o, i); put(&o, "\"ciphertext\":", 13);
+      if (!seal(&j, &o, item, len, sealbuf)) { ok = 0; break; }
+      end_line(&j, &o);
+      j.succeeded++;
+      continue;
+    }
+    long pt = open_item(&j, item, len);
+    if (pt < 0) { fail_line(&j, &o, i, (int)(-1 - pt)); continue; }
+    if (j.op == OP_REWRAP) {
+      begin_line(&j, &o, i); put(&o, "\"ciphertext\":", 13);
+      if (!seal(&j, &o, j.scratch, (size_t)pt, sealbuf)) { ok = 0; break; }
+      end_line(&j, &o);
+    } else if (j.base64_out) {
+      begin_line(&j, &o, i); put(&o, "\"plaintext\":\"", 13);
+      put_base64(&o, j.scratch, (size_t)pt);
+      putc_(&o, '"'); end_line(&j, &o);
+    } else {
+      if (!valid_utf8(j.scratch, (size_t)pt)) { fail_line(&j, &o, i, E_NOT_UTF8); continue; }
+      begin_line(&j, &o, i); put(&o, "\"plaintext\":\"", 13);
+      put_json_string(&o, j.scratch, (size_t)pt);
+      putc_(&o, '"'); end_line(&j, &o);
+    }
+    j.succeeded++;
+  }
+
+  if (j.scratch) OPENSSL_cleanse(j.scratch, 2 * largest + 2 * NONCE + 2 * TAG + 64);
+  free(j.scratch);
+  free(j.nonces);
+  free(sealbuf);
+  EVP_CIPHER_CTX_free(j.enc);
+  EVP_CIPHER_CTX_free(j.dec);
+  if (vp != vs) free(vp);
+  if (!ok) return throw_msg(env, "keyfleet kernel: OpenSSL failure");
+  if (o.overflow) return throw_msg(env, "keyfleet kernel: output buffer too small");
+
+  napi_value result, v;
+  CHECK(napi_create_array_with_length(env, 5, &result));
+  CHECK(napi_create_double(env, (double)o.at, &v)); CHECK(napi_set_element(env, result, 0, v));
+  CHECK(napi_create_double(env, (double)count, &v)); CHECK(napi_set_element(env, result, 1, v));
+  CHECK(napi_create_uint32(env, j.succeeded, &v)); CHECK(napi_set_element(env, result, 2, v));
+  CHECK(napi_create_uint32(env, j.failed, &v)); CHECK(napi_set_element(env, result, 3, v));
+  CHECK(napi_get_boolean(env, j.newer, &v)); CHECK(napi_set_element(env, result, 4, v));
+  return result;
+}
+
+NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
+  memset(B64_REV, -1, sizeof B64_REV);
+  for (int i = 0; i < 64; i++) B64_REV[(uint8_t)B64[i]] = (int8_t)i;
+  napi_property_descriptor props[] = {
+    {"setErrors", NULL, set_errors, NULL, NULL, NULL, napi_default, NULL},
+    {"run", NULL, run, NULL, NULL, NULL, napi_default, NULL},
+  };
+  if (napi_define_properties(env, exports, 2, props) != napi_ok) return NULL;
+  return exports;
+}

@@ -1,0 +1,77 @@
+import { CATALOGUE } from '../errors.js';
+import { runChunk, type ChunkJob } from './chunk-kernel.js';
+import { itemLimit } from './items.js';
+import type { KeyRing } from './key-ring.js';
+import { nativeKernel, nativeKernelUnavailable, type NativeJob } from './native-kernel.js';
+import type { NonceSource } from './nonces.js';
+
+export type KernelChoice = 'auto' | 'native' | 'js';
+
+export interface KernelOutput {
+  /** `reserve` bytes left free at the front, then the result text. Its own ArrayBuffer: transferable. */
+  readonly buffer: Uint8Array;
+  readonly count: number;
+  readonly succeeded: number;
+  readonly failed: number;
+  readonly newerVersionSeen: boolean;
+  readonly kernel: 'native' | 'js';
+}
+
+const OPS = { encrypt: 0, decrypt: 1, rewrap: 2 } as const;
+const LONGEST_ERROR = Math.max(...Object.entries(CATALOGUE).map(([code, { message }]) => code.length + message.length)) + 64;
+
+/** Which kernel a choice resolves to on this machine; `native` where it was not built is a start-up error. */
+export function resolveKernel(choice: KernelChoice): 'native' | 'js' {
+  if (choice === 'native' && !nativeKernel) throw new Error(`KEYFLEET_KERNEL=native, but the native kernel is not built (${nativeKernelUnavailable}); run npm run build:native`);
+  return choice === 'js' || !nativeKernel ? 'js' : 'native';
+}
+
+/**
+ * An upper bound on the output of one chunk: a line per item (index, field names, error JSON)
+ * plus the payload expanded by base64 (4/3) or, for plaintexts, by JSON escaping (at most 6×).
+ */
+export function outputBound(op: ChunkJob['op'], items: number, inputBytes: number): number {
+  const perItem = 48 + LONGEST_ERROR;
+  return items * perItem + (op === 'decrypt' ? 5 * inputBytes : Math.ceil((inputBytes + 28 * items) * 4 / 3) + 4 * items);
+}
+
+export function nativeJob(job: ChunkJob, ring: KeyRing, sync: boolean): NativeJob {
+  return {
+    op: OPS[job.op],
+    base64Out: job.op === 'decrypt' && job.encoding === 'base64' ? 1 : 0,
+    base64In: job.op === 'encrypt' && job.encoding === 'base64' ? 1 : 0,
+    sync: sync ? 1 : 0,
+    firstIndex: job.firstIndex,
+    maxItemBytes: itemLimit(job.op, job.encoding, job.maxItemBytes),
+    latest: ring.latestVersion,
+    minDecryptionVersion: ring.minDecryptionVersion,
+    versions: ring.nativeVersions(),
+  };
+}
+
+/**
+ * Runs one chunk with the native kernel where it is built, else with the node:crypto one.
+ * Both write the same NDJSON lines, and each decrypts what the other encrypts.
+ */
+export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, reserve: number, choice: KernelChoice, nonces: NonceSource): KernelOutput {
+  if (resolveKernel(choice) === 'native') {
+    const items = countItems(packed);
+    const out = new Uint8Array(new ArrayBuffer(reserve + outputBound(job.op, items, packed.length)));
+    const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(nativeJob(job, ring, false), packed, out.subarray(reserve));
+    return { buffer: out.subarray(0, reserve + written), count, succeeded, failed, newerVersionSeen, kernel: 'native' };
+  }
+  const input = Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength);
+  const result = runChunk(job, input, ring, nonces);
+  const bytes = Buffer.byteLength(result.lines, 'utf8');
+  const out = Buffer.from(new ArrayBuffer(reserve + bytes));
+  out.write(result.lines, reserve, 'utf8');
+  return { buffer: out, count: result.count, succeeded: result.succeeded, failed: result.failed, newerVersionSeen: result.newerVersionSeen, kernel: 'js' };
+}
+
+/** Items in a packed chunk, by walking the length headers. */
+function countItems(packed: Uint8Array): number {
+  const view = new DataView(packed.buffer, packed.byteOffset, packed.byteLength);
+  let n = 0;
+  for (let at = 0; at + 5 <= packed.length; at += 5 + view.getUint32(at + 1, true)) n++;
+  return n;
+}

@@ -1,0 +1,60 @@
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { CATALOGUE, type ErrorCode } from '../errors.js';
+
+/** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
+interface NativeAddon {
+  setErrors(errors: string[]): void;
+  run(job: NativeJob, input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
+}
+
+export interface NativeVersion {
+  readonly version: number;
+  readonly key: Uint8Array;
+  readonly aad: Uint8Array;
+}
+
+export interface NativeJob {
+  readonly op: 0 | 1 | 2;
+  readonly base64Out: 0 | 1;
+  readonly base64In: 0 | 1;
+  readonly sync: 0 | 1;
+  readonly firstIndex: number;
+  readonly maxItemBytes: number;
+  readonly latest: number;
+  readonly minDecryptionVersion: number;
+  readonly versions: readonly NativeVersion[];
+}
+
+// The order the addon indexes its error table by.
+const ERROR_ORDER: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
+
+/** The project root: the nearest folder above this file that holds binding.gyp (source and dist alike). */
+function projectRoot(): string | undefined {
+  for (let dir = import.meta.dirname; ; dir = dirname(dir)) {
+    if (existsSync(join(dir, 'binding.gyp'))) return dir;
+    if (dirname(dir) === dir) return undefined;
+  }
+}
+
+function load(): { addon?: NativeAddon; reason?: string } {
+  const root = projectRoot();
+  if (!root) return { reason: 'binding.gyp not found' };
+  try {
+    // node-gyp-build finds build/Release (or a prebuild) the way native packages do.
+    const nodeGypBuild = createRequire(import.meta.url)('node-gyp-build') as (dir: string) => NativeAddon;
+    const addon = nodeGypBuild(root);
+    addon.setErrors(ERROR_ORDER.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message })));
+    return { addon };
+  } catch (err) {
+    return { reason: (err as Error).message.split('\n')[0] };
+  }
+}
+
+const loaded = load();
+
+/** The native kernel, or undefined where it was not built (the node:crypto kernel takes over). */
+export const nativeKernel: NativeAddon | undefined = loaded.addon;
+/** Why the native kernel is not in use, for the startup log. */
+export const nativeKernelUnavailable: string | undefined = loaded.reason;

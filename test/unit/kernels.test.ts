@@ -1,0 +1,113 @@
+import { randomBytes } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
+import type { ChunkJob } from '../../shared/crypto/chunk-kernel.js';
+import { runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
+import { KeyRing } from '../../shared/crypto/key-ring.js';
+import { nativeKernel } from '../../shared/crypto/native-kernel.js';
+import { NonceSource } from '../../shared/crypto/nonces.js';
+
+const ring = new KeyRing({
+  name: 'kernels',
+  type: 'aes256-gcm96',
+  latestVersion: 2,
+  minDecryptionVersion: 1,
+  versions: [
+    { version: 1, material: randomBytes(32) },
+    { version: 2, material: randomBytes(32) },
+  ],
+});
+const nonces = new NonceSource();
+
+function pack(items: Array<string | Buffer | typeof ITEM_NOT_STRING | typeof ITEM_TOO_LARGE>): Buffer {
+  const packer = new ChunkPacker();
+  for (const item of items) {
+    if (item === ITEM_NOT_STRING || item === ITEM_TOO_LARGE) packer.addRejected(item);
+    else packer.add(typeof item === 'string' ? Buffer.from(item) : item);
+  }
+  return packer.take();
+}
+
+function run(kernel: KernelChoice, op: ChunkJob['op'], items: Parameters<typeof pack>[0], encoding: 'utf8' | 'base64' = 'utf8', firstIndex = 0) {
+  const out = runChunkInto({ op, encoding, firstIndex, maxItemBytes: 1024 }, pack(items), ring, 0, kernel, nonces);
+  const lines = Buffer.from(out.buffer).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  return { ...out, lines };
+}
+
+const samples = ['LIC-0001', '', 'ünïcødé ✓ 𝄞', 'quote " backslash \\ tab \t newline \n nul \u0000 del \u007f', 'x'.repeat(1024)];
+
+describe('the native kernel', () => {
+  it('is built on this machine (the install runs node-gyp)', () => {
+    expect(nativeKernel).toBeDefined();
+  });
+
+  for (const [from, to] of [['native', 'js'], ['js', 'native']] as const) {
+    it(`${from} ciphertexts decrypt and rewrap under the ${to} kernel, and the lines are identical`, () => {
+      const sealed = run(from, 'encrypt', samples, 'utf8', 40);
+      expect(sealed.kernel).toBe(from);
+      expect(sealed.lines.map((l) => l.i)).toEqual([40, 41, 42, 43, 44]);
+      const cts = sealed.lines.map((l) => l.ciphertext as string);
+      for (const ct of cts) expect(ct).toMatch(/^kf:v2:[A-Za-z0-9+/]+=*$/);
+      const opened = run(to, 'decrypt', cts);
+      expect(opened.lines.map((l) => l.plaintext)).toEqual(samples);
+      // Same input, same output bytes, whichever kernel wrote them.
+      expect(Buffer.from(run(from, 'decrypt', cts).buffer).equals(Buffer.from(opened.buffer))).toBe(true);
+      const rewrapped = run(to, 'rewrap', cts);
+      expect(run(from, 'decrypt', rewrapped.lines.map((l) => l.ciphertext)).lines.map((l) => l.plaintext)).toEqual(samples);
+    });
+  }
+
+  it('fails bad items alone with the same codes as the js kernel', () => {
+    const [good] = run('js', 'encrypt', ['fine']).lines.map((l) => l.ciphertext as string);
+    const raw = Buffer.from(good!.slice(6), 'base64');
+    raw[15]! ^= 1;
+    const bad = [good!, `kf:v2:${raw.toString('base64')}`, 'kf:v3:' + good!.slice(6), 'kf:v0:AAAA', 'kf:v2:', 'kf:v2:@@@@', 'kf:v2:' + good!.slice(6, -1), 'nonsense', ITEM_NOT_STRING, ITEM_TOO_LARGE, 'x'.repeat(2000), good!] as const; // 2,000 > the ciphertext size of a 1,024-byte plaintext
+    const js = run('js', 'decrypt', [...bad]);
+    const native = run('native', 'decrypt', [...bad]);
+    expect(native.lines).toEqual(js.lines);
+    expect(native.lines.map((l) => l.plaintext ?? l.error.code)).toEqual([
+      'fine', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED',
+      'KF_DECRYPT_FAILED', 'KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_ITEM_TOO_LARGE', 'fine',
+    ]);
+    expect(native.newerVersionSeen).toBe(true);
+    expect([native.succeeded, native.failed]).toEqual([2, 10]);
+  });
+
+  it('handles base64 plaintexts both ways like the js kernel', () => {
+    const bytes = [Buffer.from([0, 255, 10]), Buffer.alloc(0), randomBytes(100)].map((b) => b.toString('base64'));
+    const sealed = run('native', 'encrypt', [...bytes, 'not base64!'], 'base64');
+    expect(sealed.lines.at(-1).error.code).toBe('KF_INVALID_ENCODING');
+    const cts = sealed.lines.slice(0, 3).map((l) => l.ciphertext);
+    expect(run('js', 'decrypt', cts, 'base64').lines.map((l) => l.plaintext)).toEqual(bytes);
+    expect(run('native', 'decrypt', cts, 'base64').lines.map((l) => l.plaintext)).toEqual(bytes);
+    expect(run('native', 'decrypt', [cts[0]]).lines[0].error.code).toBe('KF_NOT_UTF8');
+  });
+
+  it('survives random and truncated input: a clear error for broken framing, never a crash or a wrong answer', () => {
+    const valid = pack(samples);
+    for (let cut = 0; cut < valid.length; cut += 7) {
+      const truncated = valid.subarray(0, cut);
+      let jsError: unknown;
+      let nativeError: unknown;
+      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1024 }, truncated, ring, 0, 'js', nonces); } catch (e) { jsError = e; }
+      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1024 }, truncated, ring, 0, 'native', nonces); } catch (e) { nativeError = e; }
+      expect(Boolean(nativeError), `cut at ${cut}`).toBe(Boolean(jsError));
+    }
+    // Random ciphertext-shaped garbage of every length: every item fails alone, uniformly.
+    const garbage = Array.from({ length: 2000 }, (_, n) => `kf:v${1 + (n % 3)}:${randomBytes(n % 90).toString('base64')}`);
+    const out = run('native', 'decrypt', garbage);
+    expect(out.failed).toBe(2000);
+    expect(new Set(out.lines.map((l) => l.error.code))).toEqual(new Set(['KF_DECRYPT_FAILED']));
+    // Random framing bytes: the kernel either refuses the chunk or reports every item it read.
+    for (let n = 0; n < 300; n++) {
+      const junk = randomBytes(n);
+      try {
+        const r = runChunkInto({ op: 'decrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1 << 20 }, junk, ring, 0, 'native', nonces);
+        expect(r.succeeded).toBe(0);
+        expect(r.failed).toBe(r.count);
+      } catch (err) {
+        expect((err as Error).message).toMatch(/corrupt chunk/);
+      }
+    }
+  });
+});
