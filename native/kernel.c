@@ -25,6 +25,42 @@ enum { ITEM_OK = 0, ITEM_NOT_STRING = 1, ITEM_TOO_LARGE = 2 };
 enum { E_INVALID_ITEM = 0, E_ITEM_TOO_LARGE, E_DECRYPT_FAILED, E_VERSION_DISABLED, E_NOT_UTF8, E_INVALID_ENCODING, E_COUNT };
 
 static char *error_json[E_COUNT];
+
+// Per thread (each worker thread loads the addon in its own environment): the cipher fetched
+// once from the provider, two contexts and the scratch buffers, reused by every call. In
+// OpenSSL 3 an init with EVP_aes_256_gcm() does an implicit provider fetch each time, and a
+// context per call costs an allocation and that fetch: together more than sealing ten items.
+static __thread EVP_CIPHER *gcm;
+static __thread EVP_CIPHER_CTX *tl_enc, *tl_dec;
+static __thread int tl_enc_ready, tl_dec_ready, tl_enc_keyed, tl_dec_keyed;
+// The key each context holds, so a call with the same key skips the key schedule.
+static __thread uint8_t tl_enc_key[KEY], tl_dec_key[KEY];
+static __thread uint8_t *tl_buf;
+static __thread size_t tl_buf_cap;
+
+// Nonces come from a per-thread block refilled by RAND_bytes 4,096 nonces at a time, so a
+// 10-item request does not pay a DRBG call; each nonce is handed out once.
+#define NONCE_BLOCK 4096
+static __thread uint8_t tl_nonces[NONCE * NONCE_BLOCK];
+static __thread size_t tl_nonce_at = NONCE_BLOCK;
+
+static const uint8_t *next_nonce(void) {
+  if (tl_nonce_at == NONCE_BLOCK) {
+    if (RAND_bytes(tl_nonces, sizeof tl_nonces) != 1) return NULL;
+    tl_nonce_at = 0;
+  }
+  return tl_nonces + NONCE * tl_nonce_at++;
+}
+
+static uint8_t *scratch_of(size_t bytes) {
+  if (bytes > tl_buf_cap) {
+    if (tl_buf) { OPENSSL_cleanse(tl_buf, tl_buf_cap); free(tl_buf); }
+    tl_buf_cap = bytes < 65536 ? 65536 : bytes;
+    tl_buf = malloc(tl_buf_cap);
+    if (!tl_buf) tl_buf_cap = 0;
+  }
+  return tl_buf;
+}
 static size_t error_len[E_COUNT];
 
 typedef struct {
@@ -156,9 +192,6 @@ typedef struct {
   version_t *versions;
   size_t nversions;
   EVP_CIPHER_CTX *enc, *dec;
-  const version_t *dec_key;  // the version whose key `dec` holds
-  uint8_t *nonces;
-  size_t nonce_at, nonce_count;
   uint8_t *scratch;           // decoded ciphertext, then plaintext
   uint32_t succeeded, failed;
   int newer;
@@ -186,8 +219,9 @@ static void fail_line(job_t *j, out_t *o, uint64_t i, int e) {
 static int seal(job_t *j, out_t *o, const uint8_t *pt, size_t n, uint8_t *buf) {
   const version_t *v = find_version(j, j->latest);
   if (!v) return 0;
-  const uint8_t *nonce = j->nonces + NONCE * j->nonce_at++;
+  const uint8_t *nonce = next_nonce();
   int len = 0;
+  if (!nonce) return 0;
   memcpy(buf, nonce, NONCE);
   if (!EVP_EncryptInit_ex(j->enc, NULL, NULL, NULL, nonce)) return 0;
   if (!EVP_EncryptUpdate(j->enc, NULL, &len, v->aad, (int)v->aad_len)) return 0;
@@ -216,9 +250,14 @@ static long open_item(job_t *j, const uint8_t *s, size_t n) {
   if (sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
   size_t ct = (size_t)sealed - NONCE - TAG;
   int len = 0;
-  if (j->dec_key != v) {
-    if (!EVP_DecryptInit_ex(j->dec, NULL, NULL, v->key, NULL)) return -1 - E_DECRYPT_FAILED;
-    j->dec_key = v;
+  if (!tl_dec_ready) {
+    if (!EVP_DecryptInit_ex(j->dec, gcm, NULL, NULL, NULL) || !EVP_CIPHER_CTX_ctrl(j->dec, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL)) return -1 - E_DECRYPT_FAILED;
+    tl_dec_ready = 1;
+  }
+  if (!tl_dec_keyed || memcmp(tl_dec_key, v->key, KEY) != 0) {
+    if (!EVP_DecryptInit_ex(j->dec, NULL, NULL, v->key, NULL)) { tl_dec_keyed = 0; return -1 - E_DECRYPT_FAILED; }
+    memcpy(tl_dec_key, v->key, KEY);
+    tl_dec_keyed = 1;
   }
   uint8_t *plain = j->scratch + sealed;  // after the sealed bytes
   if (!EVP_DecryptInit_ex(j->dec, NULL, NULL, NULL, j->scratch)) return -1 - E_DECRYPT_FAILED;
@@ -262,7 +301,7 @@ static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **
 // setErrors([json of KF_INVALID_ITEM, KF_ITEM_TOO_LARGE, KF_DECRYPT_FAILED, KF_KEY_VERSION_DISABLED, KF_NOT_UTF8, KF_INVALID_ENCODING])
 static napi_value set_errors(napi_env env, napi_callback_info info) {
   size_t argc = 1;
-  napi_value argv[1];
+  napi_value argv[2];
   CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   for (uint32_t i = 0; i < E_COUNT; i++) {
     napi_value s;
@@ -279,28 +318,36 @@ static napi_value set_errors(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
-// run(job, input, output) → [bytesWritten, count, succeeded, failed, newerVersionSeen]
-// job: { op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion,
-//        versions: [{ version, key: Uint8Array(32), aad: Uint8Array }] }
+// run(params, versions, input, output) → [bytesWritten, count, succeeded, failed, newerVersionSeen]
+// params: Uint32Array [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]
+// versions: [{ version, key: Uint8Array(32), aad: Uint8Array }]
 static napi_value run(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
-  napi_value argv[3];
+  size_t argc = 4;
+  napi_value argv[4];
   CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
-  if (argc != 3) return throw_msg(env, "run(job, input, output): expected 3 arguments");
+  if (argc != 4) return throw_msg(env, "run(params, versions, input, output): expected 4 arguments");
   if (!error_json[0]) return throw_msg(env, "setErrors must be called first");
 
   job_t j;
   memset(&j, 0, sizeof j);
-  uint32_t op, b64, b64in, sync, first, maxItem, latest, minDec;
-  if (!get_u32(env, argv[0], "op", &op) || !get_u32(env, argv[0], "base64Out", &b64) || !get_u32(env, argv[0], "base64In", &b64in) || !get_u32(env, argv[0], "sync", &sync) || !get_u32(env, argv[0], "firstIndex", &first) ||
-      !get_u32(env, argv[0], "maxItemBytes", &maxItem) || !get_u32(env, argv[0], "latest", &latest) || !get_u32(env, argv[0], "minDecryptionVersion", &minDec))
-    return throw_msg(env, "run: job fields must be unsigned 32-bit integers");
+  // Scalars travel as one Uint32Array (one N-API call instead of eight property reads).
+  uint32_t *params;
+  {
+    bool is;
+    napi_typedarray_type type;
+    size_t length, off;
+    void *base;
+    napi_value ab;
+    if (napi_is_typedarray(env, argv[0], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[0], &type, &length, &base, &ab, &off) != napi_ok || type != napi_uint32_array || length != 8)
+      return throw_msg(env, "run: params must be a Uint32Array of [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]");
+    params = base;
+  }
+  uint32_t op = params[0], b64 = params[1], b64in = params[2], sync = params[3], first = params[4], maxItem = params[5], latest = params[6], minDec = params[7];
   if (op > OP_REWRAP) return throw_msg(env, "run: unknown op");
   j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.sync = (int)sync; j.first_index = first; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
 
-  napi_value versions;
+  napi_value versions = argv[1];
   uint32_t nv;
-  CHECK(napi_get_named_property(env, argv[0], "versions", &versions));
   CHECK(napi_get_array_length(env, versions, &nv));
   if (nv == 0 || nv > MAX_VERSIONS) return throw_msg(env, "run: versions must hold 1..4096 entries");
   version_t vs[MAX_VERSIONS > 64 ? 64 : MAX_VERSIONS];
@@ -322,20 +369,18 @@ static napi_value run(napi_env env, napi_callback_info info) {
 
   uint8_t *in, *outp;
   size_t in_len, out_len;
-  napi_value inputs[2] = {argv[1], argv[2]};
-  (void)inputs;
   {
     bool is;
     napi_typedarray_type type;
     void *base;
     napi_value ab;
     size_t off;
-    if (napi_is_typedarray(env, argv[1], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[1], &type, &in_len, &base, &ab, &off) != napi_ok) {
+    if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &in_len, &base, &ab, &off) != napi_ok) {
       if (vp != vs) free(vp);
       return throw_msg(env, "run: input must be a Uint8Array");
     }
     in = base;
-    if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &out_len, &base, &ab, &off) != napi_ok) {
+    if (napi_is_typedarray(env, argv[3], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[3], &type, &out_len, &base, &ab, &off) != napi_ok) {
       if (vp != vs) free(vp);
       return throw_msg(env, "run: output must be a Uint8Array");
     }
@@ -353,21 +398,29 @@ static napi_value run(napi_env env, napi_callback_info info) {
     count++;
   }
 
-  j.enc = EVP_CIPHER_CTX_new();
-  j.dec = EVP_CIPHER_CTX_new();
-  j.scratch = malloc(2 * largest + 2 * NONCE + 2 * TAG + 64);
-  int needs_seal = j.op != OP_DECRYPT;
-  j.nonce_count = needs_seal ? count : 0;
-  j.nonces = malloc(NONCE * (j.nonce_count ? j.nonce_count : 1));
+  if (!gcm) gcm = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+  if (!tl_enc) tl_enc = EVP_CIPHER_CTX_new();
+  if (!tl_dec) tl_dec = EVP_CIPHER_CTX_new();
+  j.enc = tl_enc;
+  j.dec = tl_dec;
+  // One scratch area: decoded input and plaintext, then the sealed output.
+  size_t scratch_len = 2 * largest + 2 * NONCE + 2 * TAG + 64;
+  size_t seal_len = largest + NONCE + TAG + 16;
+  uint8_t *area = scratch_of(scratch_len + seal_len);
+  j.scratch = area;
+  uint8_t *sealbuf = area ? area + scratch_len : NULL;
   const version_t *latest_v = find_version(&j, j.latest);
-  int ok = j.enc && j.dec && j.scratch && j.nonces && latest_v &&
-           EVP_EncryptInit_ex(j.enc, EVP_aes_256_gcm(), NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.enc, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) &&
-           EVP_EncryptInit_ex(j.enc, NULL, NULL, latest_v->key, NULL) &&
-           EVP_DecryptInit_ex(j.dec, EVP_aes_256_gcm(), NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.dec, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL) &&
-           (!j.nonce_count || RAND_bytes(j.nonces, (int)(NONCE * j.nonce_count)) == 1);
+  int ok = gcm && j.enc && j.dec && area && latest_v;
+  if (ok && !tl_enc_ready) {
+    ok = EVP_EncryptInit_ex(j.enc, gcm, NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.enc, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL);
+    tl_enc_ready = ok;
+  }
+  if (ok && j.op != OP_DECRYPT && (!tl_enc_keyed || memcmp(tl_enc_key, latest_v->key, KEY) != 0)) {
+    ok = EVP_EncryptInit_ex(j.enc, NULL, NULL, latest_v->key, NULL);
+    tl_enc_keyed = ok;
+    if (ok) memcpy(tl_enc_key, latest_v->key, KEY);
+  }
   out_t o = {outp, 0, out_len, 0};
-  uint8_t *sealbuf = ok ? malloc(largest + NONCE + TAG + 16) : NULL;
-  ok = ok && sealbuf;
 
   at = 0;
   for (size_t n = 0; ok && n < count && !o.overflow; n++) {
@@ -410,12 +463,8 @@ static napi_value run(napi_env env, napi_callback_info info) {
     j.succeeded++;
   }
 
-  if (j.scratch) OPENSSL_cleanse(j.scratch, 2 * largest + 2 * NONCE + 2 * TAG + 64);
-  free(j.scratch);
-  free(j.nonces);
-  free(sealbuf);
-  EVP_CIPHER_CTX_free(j.enc);
-  EVP_CIPHER_CTX_free(j.dec);
+  // Plaintexts passed through the scratch area: wipe what this call used.
+  if (area) OPENSSL_cleanse(area, scratch_len + seal_len);
   if (vp != vs) free(vp);
   if (!ok) return throw_msg(env, "keyfleet kernel: OpenSSL failure");
   if (o.overflow) return throw_msg(env, "keyfleet kernel: output buffer too small");

@@ -52,9 +52,6 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   const services = createApiServices(config);
   app.decorate('services', services);
   app.decorate('keyfleet', config);
-  app.addHook('onSend', async (request, reply) => {
-    reply.header('x-request-id', request.id);
-  });
   app.addHook('onReady', async () => app.log.info({ kernel }, 'crypto kernel'));
   app.addHook('preClose', async () => services.events.shutdown());
   app.addHook('onClose', async () => services.close());

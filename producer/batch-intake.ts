@@ -46,6 +46,13 @@ export class BatchIntake {
     this.#counted();
   }
 
+  /** Adds `source[start, end)` (the UTF-8 bytes of a string) as one item, copied into the chunk. */
+  addRange(source: Buffer, start: number, end: number): void {
+    if (end - start > this.#options.maxItemBytes) this.#packer.addRejected(ITEM_TOO_LARGE);
+    else this.#packer.addRange(source, start, end);
+    this.#counted();
+  }
+
   /** Adds an item that is not a string; it fails alone, in its place. */
   rejectNotString(): void {
     this.#packer.addRejected(ITEM_NOT_STRING);

@@ -8,9 +8,10 @@ const BACKSLASH = 0x5c;
 
 /**
  * Feeds NDJSON (one JSON string per line) into an intake as it streams in. A line that is a
- * plain JSON string without escapes is taken as its bytes directly (no decode, no JSON.parse);
- * anything else goes through JSON.parse. A line that is not a string fails that item only.
- * A line longer than `maxLineBytes` is skipped up to its newline and fails as too large.
+ * plain JSON string (no escapes, no control characters) is copied as its bytes straight into
+ * the chunk — no decode, no JSON.parse, no per-line allocation; anything else goes through
+ * JSON.parse. A line that is not a string fails that item only. A line longer than
+ * `maxLineBytes` is skipped up to its newline and fails as too large.
  */
 export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: BatchIntake, maxLineBytes: number): Promise<void> {
   let carry: Buffer | undefined;
@@ -25,9 +26,9 @@ export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: Batch
         const line = Buffer.concat([carry, piece.subarray(start, at)]);
         carry = undefined;
         if (line.length > maxLineBytes) intake.rejectTooLarge();
-        else takeLine(line, intake);
+        else takeLine(line, 0, line.length, intake);
       } else {
-        takeLine(piece.subarray(start, at), intake);
+        takeLine(piece, start, at, intake);
       }
       start = at + 1;
       at = piece.indexOf(NL, start);
@@ -43,44 +44,39 @@ export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: Batch
     }
     await intake.drain();
   }
-  if (carry && !skipping) takeLine(carry, intake);
+  if (carry && !skipping) takeLine(carry, 0, carry.length, intake);
 }
 
-function takeLine(raw: Buffer, intake: BatchIntake): void {
-  const line = raw.length > 0 && raw[raw.length - 1] === CR ? raw.subarray(0, raw.length - 1) : raw;
-  if (line.length === 0 || isBlank(line)) return;
-  if (line.length >= 2 && line[0] === QUOTE && line[line.length - 1] === QUOTE) {
-    const inner = line.subarray(1, line.length - 1);
-    if (isPlain(inner)) {
-      if (isUtf8(inner)) intake.add(inner);
+/** Takes the line `buf[start, end)`. */
+function takeLine(buf: Buffer, start: number, end: number, intake: BatchIntake): void {
+  if (end > start && buf[end - 1] === CR) end--;
+  while (start < end && (buf[start] === 0x20 || buf[start] === 0x09)) start++;
+  while (end > start && (buf[end - 1] === 0x20 || buf[end - 1] === 0x09)) end--;
+  if (start === end) return; // a blank line is no item
+  if (end - start >= 2 && buf[start] === QUOTE && buf[end - 1] === QUOTE) {
+    let plain = true;
+    let ascii = true;
+    for (let i = start + 1; i < end - 1; i++) {
+      const b = buf[i]!;
+      if (b === QUOTE || b === BACKSLASH || b < 0x20) {
+        plain = false;
+        break;
+      }
+      if (b >= 0x80) ascii = false;
+    }
+    if (plain) {
+      if (ascii || isUtf8(buf.subarray(start + 1, end - 1))) intake.addRange(buf, start + 1, end - 1);
       else intake.rejectNotString();
       return;
     }
   }
   let value: unknown;
   try {
-    value = JSON.parse(line.toString('utf8'));
+    value = JSON.parse(buf.toString('utf8', start, end));
   } catch {
     intake.rejectNotString();
     return;
   }
   if (typeof value === 'string') intake.add(Buffer.from(value, 'utf8'));
   else intake.rejectNotString();
-}
-
-/** True when the bytes hold no quote, backslash or control character: the JSON string is its own content. */
-function isPlain(bytes: Buffer): boolean {
-  for (let i = 0; i < bytes.length; i++) {
-    const b = bytes[i]!;
-    if (b === QUOTE || b === BACKSLASH || b < 0x20) return false;
-  }
-  return true;
-}
-
-function isBlank(bytes: Buffer): boolean {
-  for (let i = 0; i < bytes.length; i++) {
-    const b = bytes[i]!;
-    if (b !== 0x20 && b !== 0x09) return false;
-  }
-  return true;
 }

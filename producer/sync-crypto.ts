@@ -59,7 +59,7 @@ function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: Key
   const job = nativeJob({ op, encoding, firstIndex: 0, maxItemBytes }, ring, true);
   const body = Buffer.allocUnsafe(OPEN.length + outputBound(op, items.length, at) + CLOSE.length);
   OPEN.copy(body);
-  const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job, packed.subarray(0, at), body.subarray(OPEN.length));
+  const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job.params, job.versions, packed.subarray(0, at), body.subarray(OPEN.length));
   // The kernel ends every result with a comma; the last one gives way to the closing bracket.
   const end = OPEN.length + written - (written > 0 ? 1 : 0);
   body.write(CLOSE, end, 'latin1');

@@ -11,8 +11,9 @@ export type ItemFlag = typeof ITEM_OK | typeof ITEM_NOT_STRING | typeof ITEM_TOO
 const HEADER = 5;
 
 export class ChunkPacker {
-  #parts: Buffer[] = [];
-  #bytes = 0;
+  // One growing buffer per chunk: items are copied in with their header, no per-item allocation.
+  #buf = Buffer.allocUnsafe(64 * 1024);
+  #at = 0;
   #count = 0;
 
   get count(): number {
@@ -20,37 +21,47 @@ export class ChunkPacker {
   }
 
   /** Adds an item whose bytes are the UTF-8 text the caller sent. */
-  add(bytes: Buffer): void {
-    this.#push(ITEM_OK, bytes);
+  add(bytes: Uint8Array): void {
+    this.addRange(bytes, 0, bytes.length);
+  }
+
+  /** Adds `source[start, end)` as one item, copying it. */
+  addRange(source: Uint8Array, start: number, end: number): void {
+    const length = end - start;
+    this.#reserve(HEADER + length);
+    const buf = this.#buf;
+    buf[this.#at] = ITEM_OK;
+    buf.writeUInt32LE(length, this.#at + 1);
+    buf.set(source.subarray(start, end), this.#at + HEADER);
+    this.#at += HEADER + length;
+    this.#count++;
   }
 
   /** Adds an item that already failed validation; the kernel reports it in place. */
   addRejected(flag: typeof ITEM_NOT_STRING | typeof ITEM_TOO_LARGE): void {
-    this.#push(flag, EMPTY);
+    this.#reserve(HEADER);
+    this.#buf[this.#at] = flag;
+    this.#buf.writeUInt32LE(0, this.#at + 1);
+    this.#at += HEADER;
+    this.#count++;
   }
 
-  /** Packs the items added so far into one buffer and starts a new chunk. */
+  /** The items added so far as one buffer (its own memory); the packer starts a new chunk. */
   take(): Buffer {
-    const out = Buffer.allocUnsafe(this.#bytes);
-    let at = 0;
-    for (const part of this.#parts) at += part.copy(out, at);
-    this.#parts = [];
-    this.#bytes = 0;
+    const out = Buffer.from(this.#buf.subarray(0, this.#at));
+    this.#at = 0;
     this.#count = 0;
     return out;
   }
 
-  #push(flag: ItemFlag, bytes: Buffer): void {
-    const header = Buffer.allocUnsafe(HEADER);
-    header[0] = flag;
-    header.writeUInt32LE(bytes.length, 1);
-    this.#parts.push(header, bytes);
-    this.#bytes += HEADER + bytes.length;
-    this.#count++;
+  #reserve(bytes: number): void {
+    if (this.#at + bytes <= this.#buf.length) return;
+    const grown = Buffer.allocUnsafe(Math.max(this.#buf.length * 2, this.#at + bytes));
+    this.#buf.copy(grown, 0, 0, this.#at);
+    this.#buf = grown;
   }
 }
 
-const EMPTY = Buffer.alloc(0);
 
 /** Calls `visit` for each packed item in order. Throws on a truncated buffer (a corrupt chunk). */
 export function forEachItem(packed: Buffer, visit: (flag: ItemFlag, bytes: Buffer, index: number) => void): number {

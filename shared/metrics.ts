@@ -10,6 +10,9 @@ export function createRegistry(component: 'api' | 'worker'): Registry {
   const registry = new Registry();
   registry.setDefaultLabels({ component });
   collectDefaultMetrics({ register: registry, prefix: 'keyfleet_' });
+  // prom-client names three gauges `…_total`, a suffix only counters may carry (promtool says
+  // so); the same totals are `sum without(type)` of keyfleet_nodejs_active_{handles,requests,resources}.
+  for (const name of ['handles', 'requests', 'resources']) registry.removeSingleMetric(`keyfleet_nodejs_active_${name}_total`);
   return registry;
 }
 
@@ -27,8 +30,20 @@ export class CryptoMetrics {
   }
 
   countItems(op: string, keyType: string, path: 'sync' | 'batch', succeeded: number, failed: number): void {
-    if (succeeded > 0) this.items.inc({ op, key_type: keyType, outcome: 'success', path }, succeeded);
-    if (failed > 0) this.items.inc({ op, key_type: keyType, outcome: 'failure', path }, failed);
+    if (succeeded > 0) this.#child(op, keyType, 'success', path).inc(succeeded);
+    if (failed > 0) this.#child(op, keyType, 'failure', path).inc(failed);
+  }
+
+  // Label sets are few and fixed: bind each once instead of hashing labels on every request.
+  readonly #children = new Map<string, { inc(n: number): void }>();
+  #child(op: string, keyType: string, outcome: string, path: string): { inc(n: number): void } {
+    const id = `${op}|${keyType}|${outcome}|${path}`;
+    let child = this.#children.get(id);
+    if (!child) {
+      child = this.items.labels({ op, key_type: keyType, outcome, path });
+      this.#children.set(id, child);
+    }
+    return child;
   }
 }
 

@@ -4,11 +4,12 @@ import fp from 'fastify-plugin';
 /** Times every request by route template (never by raw URL: no ids or key names in labels) and serves /metrics. */
 export const metricsPlugin = fp(async (app: FastifyInstance) => {
   const { metrics, registry } = app.services;
-  app.addHook('onResponse', async (request, reply) => {
+  app.addHook('onResponse', (request, reply, done) => {
     metrics.httpDuration.observe(
       { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) },
       reply.elapsedTime / 1000,
     );
+    done();
   });
   // Public like /healthz: metrics carry counts and timings, no secrets and no tenant data.
   app.get('/metrics', { config: { scope: 'public' } }, async (_request, reply) => {

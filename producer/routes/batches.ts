@@ -34,7 +34,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
       ndjson ? readNdjsonItems(body, intake, maxLine) : readJsonItems(body, intake),
     );
-    request.log.info({ batchId, op, total }, 'batch accepted');
+    request.log.info({ tenant, batchId, op, total }, 'batch accepted');
     return reply.status(202).send({ batchId, status: 'queued', total });
   });
 
@@ -61,7 +61,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const batch = await readableBatch(request, batches, request.params.id);
     await batches.cancel(batch.id);
     app.services.metrics.batches.inc({ event: 'cancelled' });
-    request.log.info({ batchId: batch.id }, 'batch cancelled and deleted');
+    request.log.info({ tenant: batch.tenant, batchId: batch.id }, 'batch cancelled and deleted');
     return publicStatus((await batches.get(batch.id)) ?? batch);
   });
 }

@@ -32,7 +32,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
             await intake.drain();
           }
         });
-        request.log.info({ batchId, op, total, route: 'async' }, 'request became a batch');
+        request.log.info({ tenant, batchId, op, total, route: 'async' }, 'request became a batch');
         return reply.status(202).send({ batchId, status: 'queued', total });
       }
 

@@ -35,18 +35,21 @@ export function outputBound(op: ChunkJob['op'], items: number, inputBytes: numbe
   return items * perItem + (op === 'decrypt' ? 5 * inputBytes : Math.ceil((inputBytes + 28 * items) * 4 / 3) + 4 * items);
 }
 
+const PARAMS = new Uint32Array(new ArrayBuffer(32));
+
 export function nativeJob(job: ChunkJob, ring: KeyRing, sync: boolean): NativeJob {
-  return {
-    op: OPS[job.op],
-    base64Out: job.op === 'decrypt' && job.encoding === 'base64' ? 1 : 0,
-    base64In: job.op === 'encrypt' && job.encoding === 'base64' ? 1 : 0,
-    sync: sync ? 1 : 0,
-    firstIndex: job.firstIndex,
-    maxItemBytes: itemLimit(job.op, job.encoding, job.maxItemBytes),
-    latest: ring.latestVersion,
-    minDecryptionVersion: ring.minDecryptionVersion,
-    versions: ring.nativeVersions(),
-  };
+  // One params array per thread, reused: calls are synchronous, and a fresh small typed array
+  // would have to be externalised by V8 for N-API on every call.
+  const params = PARAMS;
+  params[0] = OPS[job.op];
+  params[1] = job.op === 'decrypt' && job.encoding === 'base64' ? 1 : 0;
+  params[2] = job.op === 'encrypt' && job.encoding === 'base64' ? 1 : 0;
+  params[3] = sync ? 1 : 0;
+  params[4] = job.firstIndex;
+  params[5] = itemLimit(job.op, job.encoding, job.maxItemBytes);
+  params[6] = ring.latestVersion;
+  params[7] = ring.minDecryptionVersion;
+  return { params, versions: ring.nativeVersions() };
 }
 
 /**
@@ -57,7 +60,8 @@ export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, r
   if (resolveKernel(choice) === 'native') {
     const items = countItems(packed);
     const out = new Uint8Array(new ArrayBuffer(reserve + outputBound(job.op, items, packed.length)));
-    const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(nativeJob(job, ring, false), packed, out.subarray(reserve));
+    const { params, versions } = nativeJob(job, ring, false);
+    const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(params, versions, packed, out.subarray(reserve));
     return { buffer: out.subarray(0, reserve + written), count, succeeded, failed, newerVersionSeen, kernel: 'native' };
   }
   const input = Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength);

@@ -6,7 +6,7 @@ import { CATALOGUE, type ErrorCode } from '../errors.js';
 /** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
 interface NativeAddon {
   setErrors(errors: string[]): void;
-  run(job: NativeJob, input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
+  run(params: Uint32Array, versions: readonly NativeVersion[], input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
 }
 
 export interface NativeVersion {
@@ -15,15 +15,9 @@ export interface NativeVersion {
   readonly aad: Uint8Array;
 }
 
+/** A call's scalars, [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion], and the key versions. */
 export interface NativeJob {
-  readonly op: 0 | 1 | 2;
-  readonly base64Out: 0 | 1;
-  readonly base64In: 0 | 1;
-  readonly sync: 0 | 1;
-  readonly firstIndex: number;
-  readonly maxItemBytes: number;
-  readonly latest: number;
-  readonly minDecryptionVersion: number;
+  readonly params: Uint32Array;
   readonly versions: readonly NativeVersion[];
 }
 
