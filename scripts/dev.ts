@@ -10,6 +10,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
+import { API_NODE_FLAGS } from '../producer/node-flags.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const devDir = join(root, '.keyfleet-dev');
@@ -72,8 +73,8 @@ async function startRedis(): Promise<string> {
   throw new Error(`redis-server on port ${port} did not answer`);
 }
 
-function run(name: string, script: string, env: NodeJS.ProcessEnv): ChildProcess {
-  const child = spawn(process.execPath, [join(root, 'dist', script)], { env, stdio: ['ignore', 'inherit', 'inherit'] });
+function run(name: string, script: string, env: NodeJS.ProcessEnv, flags: readonly string[] = []): ChildProcess {
+  const child = spawn(process.execPath, [...flags, join(root, 'dist', script)], { env, stdio: ['ignore', 'inherit', 'inherit'] });
   child.once('exit', (code, signal) => {
     if (!stopping) {
       console.error(`keyfleet ${name} exited (${signal ?? code}); stopping`);
@@ -132,7 +133,7 @@ const env: NodeJS.ProcessEnv = {
 };
 for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => void stop(0));
 
-run('api', 'producer/main.js', env);
+run('api', 'producer/main.js', env, API_NODE_FLAGS);
 run('worker', 'worker/main.js', env);
 const url = `http://${host}:${port}`;
 await waitForHealth(url);

@@ -1,0 +1,46 @@
+import { makeItems } from './naive.js';
+import type { Row } from './report.js';
+import { downloadResults, startStack, waitForBatch, type Stack } from './stack.js';
+
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
+  const runs: number[] = [];
+  for (let r = 0; r < reps; r++) {
+    const start = process.hrtime.bigint();
+    await fn();
+    runs.push(Number(process.hrtime.bigint() - start) / 1e6);
+  }
+  return median(runs);
+}
+
+/** Latency of N items through the sync path vs through a batch (upload, process, download). */
+export async function crossoverBench(sizes: readonly number[], reps: number): Promise<{ rows: Row[]; syncFasterUpTo: number }> {
+  const stack: Stack = await startStack({ SYNC_MAX_ITEMS: '100000', MAX_BODY_BYTES: String(64 * 1024 * 1024) });
+  const headers = { authorization: `Bearer ${stack.token}` };
+  const rows: Row[] = [];
+  let syncFasterUpTo = 0;
+  try {
+    await fetch(`${stack.url}/v1/keys/bench`, { method: 'POST', headers });
+    for (const n of sizes) {
+      const items = makeItems(n, 'x');
+      const json = JSON.stringify({ items, mode: 'sync' });
+      const ndjson = items.map((s) => `"${s}"`).join('\n') + '\n';
+      const sync = await timed(async () => {
+        const res = await fetch(`${stack.url}/v1/encrypt/bench`, { method: 'POST', headers: { ...headers, 'content-type': 'application/json' }, body: json });
+        await res.arrayBuffer();
+      }, reps);
+      const async = await timed(async () => {
+        const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { ...headers, 'content-type': 'application/x-ndjson' }, body: ndjson });
+        const { batchId } = (await res.json()) as { batchId: string };
+        await waitForBatch(stack, batchId);
+        await downloadResults(stack, batchId);
+      }, reps);
+      if (sync <= async) syncFasterUpTo = n;
+      rows.push({ section: 'crossover', name: `${n.toLocaleString('en-US')} items: sync vs batch`, value: sync, unit: 'ms (sync)', reference: async, ratio: sync / async, note: `batch ${async.toFixed(1)} ms` });
+    }
+  } finally {
+    await stack.stop();
+  }
+  return { rows, syncFasterUpTo };
+}

@@ -1,0 +1,46 @@
+import { randomBytes } from 'node:crypto';
+import { makeItems, naiveEncrypt, timeMs } from './naive.js';
+import type { Row } from './report.js';
+import { call, downloadResults, peakRssMb, startStack, waitForBatch } from './stack.js';
+
+/**
+ * End to end: n items of 32 bytes uploaded as NDJSON → batch → one worker process (threads =
+ * cores) → results fully downloaded. Compared with the naive loop over the same items.
+ */
+export async function e2eBench(n: number): Promise<Row[]> {
+  const items = makeItems(n, 'e2e');
+  const body = Buffer.from(items.map((s) => `"${s}"`).join('\n') + '\n');
+  const naiveMs = timeMs(() => naiveEncrypt(items, randomBytes(32), Buffer.from('kf:bench:v1')));
+
+  const stack = await startStack();
+  try {
+    await call(stack, 'POST', '/v1/keys/bench');
+    // A small batch first, so connections, scripts and threads are warm.
+    const warm = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body: '"warm"\n' });
+    await waitForBatch(stack, ((await warm.json()) as { batchId: string }).batchId);
+
+    const cpuBefore = await stack.redisCpuSeconds();
+    const start = process.hrtime.bigint();
+    const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
+    const { batchId } = (await res.json()) as { batchId: string };
+    const uploadedMs = Number(process.hrtime.bigint() - start) / 1e6;
+    const status = await waitForBatch(stack, batchId);
+    const processedMs = Number(process.hrtime.bigint() - start) / 1e6;
+    const { lines } = await downloadResults(stack, batchId);
+    const wallMs = Number(process.hrtime.bigint() - start) / 1e6;
+    const redisCpuMs = ((await stack.redisCpuSeconds()) - cpuBefore) * 1000;
+    if (status.succeeded !== n || lines !== n) throw new Error(`e2e: expected ${n} results, got ${status.succeeded} succeeded and ${lines} lines`);
+
+    const per = (ms: number) => ms * (1_000_000 / n);
+    return [
+      { section: 'end to end', name: `naive per-item loop over the same ${n.toLocaleString('en-US')} items, one thread (reference)`, value: naiveMs, unit: 'ms', reference: naiveMs, ratio: 1 },
+      { section: 'end to end', name: `upload → batch → 1 worker → results downloaded`, value: wallMs, unit: 'ms', reference: naiveMs, ratio: naiveMs / wallMs, note: `upload ${Math.round(uploadedMs)} ms, done at ${Math.round(processedMs)} ms` },
+      { section: 'end to end', name: 'throughput', value: n / (wallMs / 1000), unit: 'items/s', reference: n / (naiveMs / 1000), ratio: naiveMs / wallMs },
+      { section: 'end to end', name: 'peak RSS, API', value: peakRssMb(stack.api.pid!), unit: 'MB' },
+      { section: 'end to end', name: 'peak RSS, worker', value: peakRssMb(stack.worker.pid!), unit: 'MB' },
+      { section: 'end to end', name: 'Redis CPU per million items', value: per(redisCpuMs), unit: 'ms' },
+    ];
+  } finally {
+    await stack.stop();
+  }
+}

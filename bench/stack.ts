@@ -1,0 +1,127 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Redis } from 'ioredis';
+import { API_NODE_FLAGS } from '../producer/node-flags.js';
+
+const root = resolve(import.meta.dirname, '..', '..');
+
+export const freePort = (): Promise<number> =>
+  new Promise((ok, fail) => {
+    const server = createServer();
+    server.once('error', fail);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => ok(port));
+    });
+  });
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Peak resident set size of a process so far (VmHWM), in MB. */
+export function peakRssMb(pid: number): number {
+  const line = readFileSync(`/proc/${pid}/status`, 'utf8').split('\n').find((l) => l.startsWith('VmHWM:'));
+  return line ? Number(line.replace(/\D+/g, '')) / 1024 : NaN;
+}
+
+export interface Stack {
+  readonly url: string;
+  readonly token: string;
+  readonly redis: Redis;
+  readonly api: ChildProcess;
+  readonly worker: ChildProcess;
+  /** Redis CPU seconds (user + sys) so far. */
+  redisCpuSeconds(): Promise<number>;
+  stop(): Promise<void>;
+}
+
+/** A private redis-server, an API process and one worker process (threads = cores), on loopback. */
+export async function startStack(env: Record<string, string> = {}, extraApiFlags: readonly string[] = []): Promise<Stack> {
+  const dir = mkdtempSync(join(tmpdir(), 'keyfleet-bench-'));
+  const redisPort = await freePort();
+  const redisServer = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const redisUrl = `redis://127.0.0.1:${redisPort}`;
+  // Commands wait in ioredis's offline queue until the server answers.
+  const redis = new Redis(redisUrl, { retryStrategy: () => 100, maxRetriesPerRequest: null });
+  redis.on('error', () => {});
+  await redis.ping();
+  const token = `bench_${randomBytes(16).toString('hex')}`;
+  const port = await freePort();
+  const common = {
+    PATH: process.env['PATH'] ?? '',
+    REDIS_URL: redisUrl,
+    KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'),
+    KEYFLEET_TOKENS: `bench:${token}:encrypt+decrypt+rewrap+keys+batches`,
+    LOG_LEVEL: 'warn',
+    HOST: '127.0.0.1',
+    PORT: String(port),
+    WORKER_METRICS_PORT: '0',
+    ...env,
+  };
+  const api = spawn(process.execPath, [...API_NODE_FLAGS, ...extraApiFlags, join(root, 'dist/producer/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
+  const worker = spawn(process.execPath, [join(root, 'dist/worker/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; ; i++) {
+    try {
+      if ((await fetch(`${url}/readyz`)).ok) break;
+    } catch {
+      // not yet
+    }
+    if (i > 100) throw new Error('API did not start');
+    await sleep(100);
+  }
+  await sleep(500); // let the worker connect
+  const stopChild = (child: ChildProcess) =>
+    new Promise<void>((done) => (child.exitCode !== null ? done() : (child.once('exit', () => done()), child.kill('SIGTERM'))));
+  return {
+    url,
+    token,
+    redis,
+    api,
+    worker,
+    async redisCpuSeconds() {
+      const info = await redis.info('cpu');
+      const get = (k: string) => Number(/^(?:\S+):/m.test(info) ? (new RegExp(`^${k}:(\\S+)`, 'm').exec(info)?.[1] ?? 0) : 0);
+      return get('used_cpu_sys') + get('used_cpu_user');
+    },
+    async stop() {
+      await Promise.all([stopChild(api), stopChild(worker)]);
+      redis.disconnect();
+      await stopChild(redisServer);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function call(stack: Stack, method: string, path: string, body?: unknown): Promise<any> {
+  const res = await fetch(stack.url + path, {
+    method,
+    headers: { authorization: `Bearer ${stack.token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    ...(body ? { body: JSON.stringify(body) } : {}),
+  });
+  return res.json();
+}
+
+/** Waits for a batch's final status on its SSE stream (pushed, so no polling load). */
+export async function waitForBatch(stack: Stack, id: string): Promise<any> {
+  const res = await fetch(`${stack.url}/v1/batches/${id}/events`, { headers: { authorization: `Bearer ${stack.token}` } });
+  const text = await res.text(); // the stream ends after the final event
+  const last = text.split('\n\n').filter((e) => e.startsWith('event: done')).at(-1);
+  if (!last) throw new Error(`batch ${id}: the event stream ended without a final status`);
+  return JSON.parse(last.slice(last.indexOf('data: ') + 6));
+}
+
+/** Downloads a batch's results, counting lines without holding them. */
+export async function downloadResults(stack: Stack, id: string): Promise<{ lines: number; bytes: number }> {
+  const res = await fetch(`${stack.url}/v1/batches/${id}/results`, { headers: { authorization: `Bearer ${stack.token}` } });
+  let lines = 0;
+  let bytes = 0;
+  for await (const piece of res.body as unknown as AsyncIterable<Uint8Array>) {
+    bytes += piece.length;
+    for (let i = piece.indexOf(10); i !== -1; i = piece.indexOf(10, i + 1)) lines++;
+  }
+  return { lines, bytes };
+}

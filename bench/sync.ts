@@ -1,0 +1,67 @@
+import autocannon from 'autocannon';
+import { makeItems } from './naive.js';
+import type { Row } from './report.js';
+import { call, startStack, waitForBatch, type Stack } from './stack.js';
+
+interface Load {
+  readonly rps: number;
+  readonly p50: number;
+  readonly p99: number;
+  readonly errors: number;
+}
+
+async function load(stack: Stack, path: string, seconds: number, body?: unknown): Promise<Load> {
+  const result = await autocannon({
+    url: stack.url + path,
+    connections: 100,
+    duration: seconds,
+    method: body ? 'POST' : 'GET',
+    headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/json' },
+    ...(body ? { body: JSON.stringify(body) } : {}),
+  });
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx };
+}
+
+/**
+ * The sync path under autocannon (100 connections): healthz as the reference, then 1-item and
+ * 10-item encrypt; then 10-item encrypt while batches run back to back, against idle.
+ */
+export async function syncBench(seconds: number, batchItems: number): Promise<Row[]> {
+  const stack = await startStack();
+  try {
+    await call(stack, 'POST', '/v1/keys/bench');
+    const one = { items: makeItems(1, 'sync') };
+    const ten = { items: makeItems(10, 'sync') };
+    await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
+    const health = await load(stack, '/healthz', seconds);
+    const r1 = await load(stack, '/v1/encrypt/bench', seconds, one);
+    const r10 = await load(stack, '/v1/encrypt/bench', seconds, ten);
+
+    // Isolation: keep a batch running for the whole window.
+    const body = Buffer.from(makeItems(batchItems, 'iso').map((s) => `"${s}"`).join('\n') + '\n');
+    let running = true;
+    let batches = 0;
+    const feeder = (async () => {
+      while (running) {
+        const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
+        await waitForBatch(stack, ((await res.json()) as { batchId: string }).batchId);
+        batches++;
+      }
+    })();
+    const busy = await load(stack, '/v1/encrypt/bench', seconds, ten);
+    running = false;
+    await feeder;
+
+    const errors = health.errors + r1.errors + r10.errors + busy.errors;
+    if (errors > 0) throw new Error(`sync bench: ${errors} failed requests`);
+    return [
+      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: `p50 ${health.p50} ms, p99 ${health.p99} ms` },
+      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: `p50 ${r1.p50} ms, p99 ${r1.p99} ms` },
+      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: `p50 ${r10.p50} ms, p99 ${r10.p99} ms` },
+      { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms' },
+      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back`, value: busy.p99, unit: 'ms', reference: r10.p99, ratio: busy.p99 / r10.p99, note: `${batches} batches, ${Math.round(busy.rps)} req/s` },
+    ];
+  } finally {
+    await stack.stop();
+  }
+}
