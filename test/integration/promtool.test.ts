@@ -1,0 +1,261 @@
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parse, stringify } from 'yaml';
+import { buildApp } from '../../producer/app.js';
+import { Client } from '../helpers/client.js';
+import { configFrom, testEnv } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
+
+// The monitoring files checked by the tool Prometheus ships (promtool) and against the metrics
+// the API and a worker really export: the scrape config and alert rules are valid, the alerts
+// fire (and stay quiet) in the situations they are written for, the live /metrics pass
+// `promtool check metrics`, and every metric the dashboard and the alerts query exists.
+
+const root = resolve(import.meta.dirname, '..', '..');
+const hasPromtool = spawnSync('promtool', ['--version']).status === 0;
+
+type Doc = Record<string, any>;
+
+interface Run {
+  readonly status: number | null;
+  readonly output: string;
+}
+
+const promtool = (args: string[], input?: string): Run => {
+  const r = spawnSync('promtool', args, { encoding: 'utf8', ...(input === undefined ? {} : { input }), timeout: 60_000 });
+  return { status: r.status, output: `${r.stdout ?? ''}${r.stderr ?? ''}` };
+};
+
+const alertsFile = resolve(root, 'dashboards/alerts.yml');
+const alertRules = (): Doc[] => (parse(readFileSync(alertsFile, 'utf8')) as Doc)['groups'].flatMap((g: Doc) => g['rules'] as Doc[]);
+
+const PROMQL_KEYWORDS = new Set(['by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'and', 'or', 'unless', 'bool', 'offset', 'inf', 'nan']);
+
+/**
+ * The metric names a PromQL expression selects: identifiers that are not functions, keywords,
+ * label names (inside {…} or by/on/… (…)) or durations, with strings and Grafana variables removed.
+ */
+function metricNamesIn(expr: string): string[] {
+  const bare = expr
+    .replace(/"(?:[^"\\]|\\.)*"/g, '""')
+    .replace(/\{[^}]*\}/g, ' ')
+    .replace(/\[[^\]]*\]/g, ' ')
+    .replace(/\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, ' ');
+  const names = new Set<string>();
+  for (const m of bare.matchAll(/[A-Za-z_:][A-Za-z0-9_:]*/g)) {
+    const before = bare[m.index - 1] ?? ' ';
+    const after = bare.slice(m.index + m[0].length);
+    if (/[0-9.$]/.test(before) || /^\s*\(/.test(after) || PROMQL_KEYWORDS.has(m[0].toLowerCase())) continue;
+    names.add(m[0]);
+  }
+  return [...names];
+}
+
+/** Sample names (not families) in a Prometheus text exposition: what a query can select. */
+const sampleNames = (text: string): Set<string> =>
+  new Set(
+    text
+      .split('\n')
+      .filter((l) => l && !l.startsWith('#'))
+      .map((l) => /^[A-Za-z_:][A-Za-z0-9_:]*/.exec(l)?.[0] ?? ''),
+  );
+
+describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by promtool', () => {
+  let tmp: string;
+  beforeAll(() => {
+    tmp = mkdtempSync(join(tmpdir(), 'keyfleet-promtool-'));
+  });
+  afterAll(() => {
+    rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('accepts dashboards/prometheus.yml with its rule file', () => {
+    const config = parse(readFileSync(resolve(root, 'dashboards/prometheus.yml'), 'utf8')) as Doc;
+    // rule_files names the path inside the compose container; check the repository's file instead.
+    expect(config['rule_files']).toEqual(['/etc/prometheus/alerts.yml']);
+    config['rule_files'] = [alertsFile];
+    const copy = join(tmp, 'prometheus.yml');
+    writeFileSync(copy, stringify(config));
+    const run = promtool(['check', 'config', copy]);
+    expect(run.status, run.output).toBe(0);
+    expect(run.output).toContain('SUCCESS: 1 rule files found');
+    const jobs = (config['scrape_configs'] as Doc[]).map((j) => j['job_name']);
+    expect(jobs).toEqual(['keyfleet-api', 'keyfleet-worker']);
+    expect(config['scrape_configs'][1].dns_sd_configs).toEqual([expect.objectContaining({ names: ['worker'], type: 'A', port: 9464 })]);
+  });
+
+  it('accepts dashboards/alerts.yml, which defines the five keyfleet alerts with summaries and descriptions', () => {
+    const run = promtool(['check', 'rules', alertsFile]);
+    expect(run.status, run.output).toBe(0);
+    const rules = alertRules();
+    expect(rules.map((r) => r['alert']).sort()).toEqual(['KeyfleetApiDown', 'KeyfleetBacklogGrowing', 'KeyfleetHighErrorRate', 'KeyfleetNoWorkerAlive', 'KeyfleetRedisUnreachable']);
+    for (const r of rules) {
+      expect(r['annotations']?.summary, r['alert']).toBeTruthy();
+      expect(r['annotations']?.description, r['alert']).toMatch(/Runbook:/);
+      expect(r['labels']?.severity, r['alert']).toMatch(/^(warning|critical)$/);
+    }
+  });
+
+  it('fires each alert in the situation it is written for, and stays quiet in the healthy neighbour', () => {
+    const api = 'component="api",instance="api:8080",job="keyfleet-api"';
+    const worker = 'component="worker",instance="10.0.0.5:9464",job="keyfleet-worker"';
+    const firing = (alertname: string, evalTime: string, expected: number) => ({
+      expr: `count(ALERTS{alertname="${alertname}",alertstate="firing"}) or vector(0)`,
+      eval_time: evalTime,
+      exp_samples: [{ labels: '{}', value: expected }],
+    });
+    const test = (name: string, series: Record<string, string>, expectations: Array<ReturnType<typeof firing>>) => ({
+      name,
+      interval: '1m',
+      input_series: Object.entries(series).map(([s, values]) => ({ series: s, values })),
+      promql_expr_test: expectations,
+    });
+    const suite = {
+      rule_files: [alertsFile],
+      evaluation_interval: '1m',
+      tests: [
+        test('no worker process scraped while Redis still lists a ghost connection', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x10',
+          [`keyfleet_queue_workers{${api}}`]: '2x10',
+          [`keyfleet_redis_up{${api}}`]: '1x10',
+        }, [firing('KeyfleetNoWorkerAlive', '1m', 0), firing('KeyfleetNoWorkerAlive', '4m', 1)]),
+        test('workers scraped but none connected to the queue', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x10',
+          [`keyfleet_queue_workers{${api}}`]: '0x10',
+          [`keyfleet_redis_up{${api}}`]: '1x10',
+          [`keyfleet_worker_pool_threads{${worker}}`]: '2x10',
+        }, [firing('KeyfleetNoWorkerAlive', '4m', 1)]),
+        test('a healthy worker with a backlog, and no backlog without workers', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x5 0x10',
+          [`keyfleet_queue_workers{${api}}`]: '1x5 0x10',
+          [`keyfleet_redis_up{${api}}`]: '1x15',
+          [`keyfleet_worker_pool_threads{${worker}}`]: '2x5 _x10',
+        }, [firing('KeyfleetNoWorkerAlive', '5m', 0), firing('KeyfleetNoWorkerAlive', '15m', 0)]),
+        test('Redis down: the frozen worker gauge does not page as "no worker", Redis does', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x10',
+          [`keyfleet_queue_workers{${api}}`]: '0x10',
+          [`keyfleet_redis_up{${api}}`]: '0x10',
+          [`keyfleet_worker_pool_threads{${worker}}`]: '2x10',
+        }, [firing('KeyfleetNoWorkerAlive', '5m', 0), firing('KeyfleetRedisUnreachable', '5m', 1), firing('KeyfleetRedisUnreachable', '0m', 0)]),
+        test('a backlog growing for 20 minutes, against one flat and one draining', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '0+1000x40',
+        }, [firing('KeyfleetBacklogGrowing', '25m', 1), firing('KeyfleetBacklogGrowing', '5m', 0)]),
+        test('a flat backlog does not grow', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x40',
+        }, [firing('KeyfleetBacklogGrowing', '30m', 0)]),
+        test('a draining backlog does not grow', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '40000-1000x40',
+        }, [firing('KeyfleetBacklogGrowing', '30m', 0)]),
+        test('one item in six failing', {
+          [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="success"}`]: '0+600x20',
+          [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="failure"}`]: '0+120x20',
+        }, [firing('KeyfleetHighErrorRate', '15m', 1)]),
+        test('one item in a hundred failing', {
+          [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="success"}`]: '0+600x20',
+          [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="failure"}`]: '0+6x20',
+        }, [firing('KeyfleetHighErrorRate', '15m', 0)]),
+        test('one request in eleven answered 500', {
+          [`keyfleet_http_request_duration_seconds_count{${api},method="POST",route="/v1/encrypt/:key",status_code="200"}`]: '0+600x20',
+          [`keyfleet_http_request_duration_seconds_count{${api},method="POST",route="/v1/encrypt/:key",status_code="500"}`]: '0+60x20',
+        }, [firing('KeyfleetHighErrorRate', '15m', 1)]),
+        test('only readiness probes failing (Redis down) is not an HTTP error rate', {
+          [`keyfleet_http_request_duration_seconds_count{${api},method="GET",route="/readyz",status_code="503"}`]: '0+60x20',
+        }, [firing('KeyfleetHighErrorRate', '15m', 0)]),
+        test('the API target down for 3 minutes', {
+          'up{instance="api:8080",job="keyfleet-api"}': '1 0x5',
+        }, [firing('KeyfleetApiDown', '1m', 0), firing('KeyfleetApiDown', '4m', 1)]),
+      ],
+    };
+    const file = join(tmp, 'alerts.test.yml');
+    writeFileSync(file, stringify(suite));
+    const run = promtool(['test', 'rules', file]);
+    expect(run.status, run.output).toBe(0);
+    expect(run.output).toContain('SUCCESS');
+  });
+});
+
+describe.runIf(hasPromtool)('the live /metrics of an API and a worker', () => {
+  const { env, admin } = testEnv({ CHUNK_ITEMS: '4', SYNC_MAX_ITEMS: '10' });
+  let app: FastifyInstance | undefined;
+  let worker: RunningProcess | undefined;
+  let apiMetrics = '';
+  let workerMetrics = '';
+
+  beforeAll(async () => {
+    app = await buildApp({ config: configFrom(env) });
+    const address = await app.listen({ host: '127.0.0.1', port: 0 });
+    const client = new Client(address, admin.token);
+    worker = await startWorker(env);
+    const metricsPort = (JSON.parse(await worker.waitFor(/"msg":"worker started"/)) as { metricsPort: number }).metricsPort;
+
+    // Enough traffic that every series the dashboard and alerts use exists: a key, sync requests
+    // (one with a failing item), and a batch of several chunks run by the worker.
+    expect((await client.json('POST', '/v1/keys/observed')).status).toBe(201);
+    expect((await client.json('POST', '/v1/encrypt/observed', { items: ['a', 'b'] })).status).toBe(200);
+    expect((await client.json('POST', '/v1/decrypt/observed', { items: ['kf:v1:not-a-ciphertext'] })).status).toBe(200);
+    const submitted = await client.uploadNdjson('encrypt', 'observed', Array.from({ length: 10 }, (_, i) => `item-${i}`));
+    expect(submitted.status).toBe(202);
+    expect(await client.waitForBatch(submitted.body.batchId)).toMatchObject({ status: 'completed', succeeded: 10 });
+
+    apiMetrics = await (await fetch(`${address}/metrics`)).text();
+    workerMetrics = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+  });
+
+  afterAll(async () => {
+    await worker?.stop();
+    await app?.close();
+  });
+
+  const checkMetrics = (text: string): Run => {
+    const run = promtool(['check', 'metrics'], text);
+    if (run.output.trim()) console.log(`promtool check metrics:\n${run.output}`);
+    return run;
+  };
+
+  it('passes promtool check metrics for the API', () => {
+    expect(apiMetrics).toMatch(/^keyfleet_queue_backlog_items\{component="api"\} \d+$/m);
+    expect(apiMetrics).toMatch(/^keyfleet_http_request_duration_seconds_bucket\{/m);
+    const run = checkMetrics(apiMetrics);
+    expect(run.status, run.output).toBe(0);
+    expect(run.output.split('\n').filter((l) => /error/i.test(l))).toEqual([]);
+  });
+
+  it('passes promtool check metrics for the worker, whose batch items are counted on path="batch"', () => {
+    expect(workerMetrics).toMatch(/^keyfleet_items_processed_total\{[^}]*path="batch"[^}]*\} 10$/m);
+    const run = checkMetrics(workerMetrics);
+    expect(run.status, run.output).toBe(0);
+    expect(run.output.split('\n').filter((l) => /error/i.test(l))).toEqual([]);
+  });
+
+  it('has every metric the Grafana dashboard and the alert rules query', () => {
+    const dashboard = JSON.parse(readFileSync(resolve(root, 'dashboards/grafana/dashboards/keyfleet.json'), 'utf8')) as Doc;
+    expect(dashboard['uid']).toBe('keyfleet');
+    expect(dashboard['schemaVersion']).toBeGreaterThanOrEqual(36);
+    const panels = (dashboard['panels'] as Doc[]).flatMap((p) => [p, ...((p['panels'] as Doc[] | undefined) ?? [])]);
+    const targets = panels.flatMap((p) => ((p['targets'] as Doc[] | undefined) ?? []).map((t) => ({ panel: p['title'] as string, target: t })));
+    expect(targets.length).toBeGreaterThan(10);
+    for (const { panel, target } of targets) expect(target['datasource']?.uid, panel).toBe('prometheus');
+
+    const exported = new Set([...sampleNames(apiMetrics), ...sampleNames(workerMetrics)]);
+    const queries = [...targets.map(({ panel, target }) => ({ where: `panel "${panel}"`, expr: target['expr'] as string })), ...alertRules().map((r) => ({ where: `alert ${r['alert']}`, expr: r['expr'] as string }))];
+    const missing: string[] = [];
+    for (const { where, expr } of queries) {
+      // Every keyfleet_ identifier, then every metric name at all, is a series really exported (or `up`).
+      for (const name of expr.match(/keyfleet_[a-z_]+/g) ?? []) if (!exported.has(name)) missing.push(`${where}: ${name}`);
+      const names = metricNamesIn(expr);
+      expect(names.length, `${where}: ${expr}`).toBeGreaterThan(0);
+      for (const name of names) if (name !== 'up' && !exported.has(name)) missing.push(`${where}: ${name}`);
+    }
+    expect(missing).toEqual([]);
+  });
+
+  it('recognises a metric that is not exported (the name check can fail)', () => {
+    expect(metricNamesIn('histogram_quantile(0.99, sum by (le, op) (rate(keyfleet_chunk_duration_seconds[$__rate_interval])))')).toEqual(['keyfleet_chunk_duration_seconds']);
+    expect(sampleNames(workerMetrics).has('keyfleet_chunk_duration_seconds')).toBe(false);
+    expect(metricNamesIn('count(up{job="keyfleet-worker"} == 1) or vector(0)')).toEqual(['up']);
+  });
+});
