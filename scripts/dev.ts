@@ -5,7 +5,7 @@
  * and one worker as child processes and prints how to call them.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -120,6 +120,10 @@ if (!(await answers(redisUrl))) {
   console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
   redisUrl = await startRedis();
 }
+// Dev data gets its own prefix per dev master key, so checkouts sharing a local Redis (or a
+// Redis that also holds other data) never meet each other's keys.
+const masterKey = process.env['KEYFLEET_MASTER_KEY'] ?? secrets.masterKey;
+const prefix = process.env['KEYFLEET_PREFIX'] ?? `{keyfleet-dev-${createHash('sha256').update(masterKey).digest('hex').slice(0, 8)}}`;
 const host = process.env['HOST'] ?? '127.0.0.1';
 const port = process.env['PORT'] ?? '8080';
 const env: NodeJS.ProcessEnv = {
@@ -127,7 +131,8 @@ const env: NodeJS.ProcessEnv = {
   REDIS_URL: redisUrl,
   HOST: host,
   PORT: port,
-  KEYFLEET_MASTER_KEY: process.env['KEYFLEET_MASTER_KEY'] ?? secrets.masterKey,
+  KEYFLEET_MASTER_KEY: masterKey,
+  KEYFLEET_PREFIX: prefix,
   KEYFLEET_TOKENS: process.env['KEYFLEET_TOKENS'] ?? `dev:${secrets.token}:encrypt+decrypt+rewrap+keys+batches+admin`,
   LOG_LEVEL: process.env['LOG_LEVEL'] ?? 'warn',
 };
@@ -141,7 +146,7 @@ await waitForHealth(url);
 const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : secrets.token;
 const auth = `-H "Authorization: Bearer ${token}"`;
 console.log(`
-keyfleet is running (API + 1 worker, Redis at ${redisUrl})
+keyfleet is running (API + 1 worker, Redis at ${redisUrl}, keys under ${prefix})
 
   URL:        ${url}
   dev token:  ${token}   (tenant "dev", all scopes; kept in .keyfleet-dev/secrets.json)

@@ -21,6 +21,7 @@ export const CATALOGUE = {
   KF_BATCH_DELETED: { status: 410, message: 'the batch results were deleted' },
   KF_UPLOAD_ABORTED: { status: 400, message: 'the upload ended before it was complete' },
   KF_CHUNK_FAILED: { status: 500, message: 'a chunk of the batch failed on every attempt' },
+  KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },
   KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later' },
   KF_INTERNAL: { status: 500, message: 'internal error' },
   // Item-level codes: they appear inside results, one per failed item.

@@ -95,7 +95,13 @@ export class KeyStore {
     for (const [field, value] of Object.entries(fields)) {
       if (!field.startsWith('m:')) continue;
       const version = Number(field.slice(2));
-      versions.push({ version, material: this.#master.unwrap(value, tenant, name, version) });
+      try {
+        versions.push({ version, material: this.#master.unwrap(value, tenant, name, version) });
+      } catch (err) {
+        // Not the caller's fault and not a secret: the service runs with another master key
+        // than the one this key was created under. Say so, to the caller and in the log.
+        throw new KeyfleetError('KF_MASTER_KEY_MISMATCH', undefined, { cause: err });
+      }
     }
     return new KeyRing({
       name,

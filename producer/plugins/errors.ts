@@ -20,6 +20,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance) => {
     let error: KeyfleetError;
     if (err instanceof KeyfleetError) {
       error = err;
+      if (error.status >= 500) request.log.error({ code: error.code, err: { message: (err.cause as Error | undefined)?.message ?? err.message } }, 'request failed');
     } else if (hasZodFastifySchemaValidationErrors(err)) {
       const where = err.validationContext ?? 'request';
       const detail = err.validation

@@ -149,6 +149,17 @@ describe('auth and input errors', () => {
     expect(logs).not.toContain(env['KEYFLEET_MASTER_KEY']);
   });
 
+  it('says so clearly when it runs with another master key than the key was made under', async () => {
+    const other = await buildApp({ config: configFrom({ ...env, KEYFLEET_MASTER_KEY: Buffer.alloc(32, 7).toString('base64') }) });
+    try {
+      const res = await other.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: bearer(admin), payload: { items: ['x'] } });
+      expect(res.statusCode).toBe(500);
+      expect(res.json().error.code).toBe('KF_MASTER_KEY_MISMATCH');
+    } finally {
+      await other.close();
+    }
+  });
+
   it('serves healthz and readyz without a token', async () => {
     expect((await app.inject({ method: 'GET', url: '/healthz' })).json()).toEqual({ status: 'ok' });
     expect((await app.inject({ method: 'GET', url: '/readyz' })).json()).toEqual({ status: 'ready' });
