@@ -7,12 +7,12 @@ import { call, downloadResults, peakRssMb, startStack, waitForBatch } from './st
  * End to end: n items of 32 bytes uploaded as NDJSON → batch → one worker process (threads =
  * cores) → results fully downloaded. Compared with the naive loop over the same items.
  */
-export async function e2eBench(n: number): Promise<Row[]> {
+export async function e2eBench(n: number, env: Record<string, string> = {}, label = ''): Promise<Row[]> {
   const items = makeItems(n, 'e2e');
   const body = Buffer.from(items.map((s) => `"${s}"`).join('\n') + '\n');
   const naiveMs = timeMs(() => naiveEncrypt(items, randomBytes(32), Buffer.from('kf:bench:v1')));
 
-  const stack = await startStack();
+  const stack = await startStack(env);
   try {
     await call(stack, 'POST', '/v1/keys/bench');
     // A small batch first, so connections, scripts and threads are warm.
@@ -34,7 +34,7 @@ export async function e2eBench(n: number): Promise<Row[]> {
     const per = (ms: number) => ms * (1_000_000 / n);
     return [
       { section: 'end to end', name: `naive per-item loop over the same ${n.toLocaleString('en-US')} items, one thread (reference)`, value: naiveMs, unit: 'ms', reference: naiveMs, ratio: 1 },
-      { section: 'end to end', name: `upload → batch → 1 worker → results downloaded`, value: wallMs, unit: 'ms', reference: naiveMs, ratio: naiveMs / wallMs, note: `upload ${Math.round(uploadedMs)} ms, done at ${Math.round(processedMs)} ms` },
+      { section: 'end to end', name: `upload → batch → 1 worker → results downloaded${label}`, value: wallMs, unit: 'ms', reference: naiveMs, ratio: naiveMs / wallMs, note: `upload ${Math.round(uploadedMs)} ms, done at ${Math.round(processedMs)} ms` },
       { section: 'end to end', name: 'throughput', value: n / (wallMs / 1000), unit: 'items/s', reference: n / (naiveMs / 1000), ratio: naiveMs / wallMs },
       { section: 'end to end', name: 'peak RSS, API', value: peakRssMb(stack.api.pid!), unit: 'MB' },
       { section: 'end to end', name: 'peak RSS, worker', value: peakRssMb(stack.worker.pid!), unit: 'MB' },

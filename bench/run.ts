@@ -10,7 +10,7 @@ import { crossoverBench } from './crossover.js';
 import { e2eBench } from './e2e.js';
 import { kernelBench } from './kernel.js';
 import { printTable, type Row } from './report.js';
-import { syncBench } from './sync.js';
+import { isolationBench, syncBench } from './sync.js';
 
 const quick = process.argv.includes('--quick');
 const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7).split(',');
@@ -20,7 +20,18 @@ const rows: Row[] = [];
 const started = Date.now();
 if (want('kernel')) rows.push(...kernelBench(quick ? 200_000 : 1_000_000));
 if (want('e2e')) rows.push(...(await e2eBench(quick ? 200_000 : 1_000_000)));
-if (want('sync')) rows.push(...(await syncBench(quick ? 3 : 10, quick ? 200_000 : 1_000_000)));
+if (want('chunks') && !quick) {
+  // CHUNK_ITEMS: the same million in smaller and larger chunks (only the timing rows).
+  for (const chunk of [2_500, 40_000]) {
+    const rows2 = await e2eBench(1_000_000, { CHUNK_ITEMS: String(chunk) }, ` with CHUNK_ITEMS=${chunk.toLocaleString('en-US')}`);
+    rows.push(...rows2.filter((r) => r.name.startsWith('upload') || r.name.startsWith('Redis')).map((r) => (r.name.startsWith('Redis') ? { ...r, name: `${r.name} with CHUNK_ITEMS=${chunk.toLocaleString('en-US')}` } : r)));
+  }
+}
+if (want('sync')) rows.push(...(await syncBench(quick ? 3 : 10)));
+if (want('isolation')) {
+  // The default niceness of worker threads, and 0 for comparison (the full run only).
+  for (const nice of quick ? [10] : [10, 0]) rows.push(...(await isolationBench(quick ? 3 : 8, quick ? 200_000 : 1_000_000, nice)));
+}
 if (want('crossover')) {
   const { rows: crossover, syncFasterUpTo } = await crossoverBench(quick ? [10, 100, 1_000, 10_000] : [10, 100, 1_000, 10_000, 100_000], quick ? 3 : 5);
   rows.push(...crossover, { section: 'crossover', name: 'largest N where sync was faster', value: syncFasterUpTo, unit: 'items' });

@@ -24,9 +24,9 @@ async function load(stack: Stack, path: string, seconds: number, body?: unknown)
 
 /**
  * The sync path under autocannon (100 connections): healthz as the reference, then 1-item and
- * 10-item encrypt; then 10-item encrypt while batches run back to back, against idle.
+ * 10-item encrypt.
  */
-export async function syncBench(seconds: number, batchItems: number): Promise<Row[]> {
+export async function syncBench(seconds: number): Promise<Row[]> {
   const stack = await startStack();
   try {
     await call(stack, 'POST', '/v1/keys/bench');
@@ -37,7 +37,30 @@ export async function syncBench(seconds: number, batchItems: number): Promise<Ro
     const r1 = await load(stack, '/v1/encrypt/bench', seconds, one);
     const r10 = await load(stack, '/v1/encrypt/bench', seconds, ten);
 
-    // Isolation: keep a batch running for the whole window.
+    const errors = health.errors + r1.errors + r10.errors;
+    if (errors > 0) throw new Error(`sync bench: ${errors} failed requests`);
+    return [
+      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: `p50 ${health.p50} ms, p99 ${health.p99} ms` },
+      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: `p50 ${r1.p50} ms, p99 ${r1.p99} ms` },
+      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: `p50 ${r10.p50} ms, p99 ${r10.p99} ms` },
+      { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms' },
+    ];
+  } finally {
+    await stack.stop();
+  }
+}
+
+/**
+ * Isolation: 10-item encrypt p99 while batches of `batchItems` run back to back, against the
+ * same load idle, with the worker's threads at the given niceness.
+ */
+export async function isolationBench(seconds: number, batchItems: number, nice: number): Promise<Row[]> {
+  const stack = await startStack({ WORKER_THREAD_NICE: String(nice) });
+  try {
+    await call(stack, 'POST', '/v1/keys/bench');
+    const ten = { items: makeItems(10, 'sync') };
+    await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
+    const idle = await load(stack, '/v1/encrypt/bench', seconds, ten);
     const body = Buffer.from(makeItems(batchItems, 'iso').map((s) => `"${s}"`).join('\n') + '\n');
     let running = true;
     let batches = 0;
@@ -51,15 +74,9 @@ export async function syncBench(seconds: number, batchItems: number): Promise<Ro
     const busy = await load(stack, '/v1/encrypt/bench', seconds, ten);
     running = false;
     await feeder;
-
-    const errors = health.errors + r1.errors + r10.errors + busy.errors;
-    if (errors > 0) throw new Error(`sync bench: ${errors} failed requests`);
+    if (idle.errors + busy.errors > 0) throw new Error(`isolation bench: ${idle.errors + busy.errors} failed requests`);
     return [
-      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: `p50 ${health.p50} ms, p99 ${health.p99} ms` },
-      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: `p50 ${r1.p50} ms, p99 ${r1.p99} ms` },
-      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: `p50 ${r10.p50} ms, p99 ${r10.p99} ms` },
-      { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms' },
-      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back`, value: busy.p99, unit: 'ms', reference: r10.p99, ratio: busy.p99 / r10.p99, note: `${batches} batches, ${Math.round(busy.rps)} req/s` },
+      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back, worker threads at nice ${nice}`, value: busy.p99, unit: 'ms', reference: idle.p99, ratio: busy.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${batches} batches; ${Math.round(busy.rps)} vs ${Math.round(idle.rps)} req/s` },
     ];
   } finally {
     await stack.stop();

@@ -30,9 +30,17 @@ const envSchema = z.object({
   KEYFLEET_MASTER_KEY: masterKey,
   /** Redis key prefix; it must hold a `{hash tag}` so that every multi-key operation stays in one cluster slot. */
   KEYFLEET_PREFIX: z.string().regex(/^\{[^{}]+\}$/, 'expected a hash tag such as {keyfleet}').default('{keyfleet}'),
-  /** Above this many items an `auto` request becomes a batch. */
-  SYNC_MAX_ITEMS: int(1, 100_000).default(500),
-  /** Items per queued chunk: large enough that queue and Redis costs are amortised, small enough to bound memory. */
+  /**
+   * Above this many items an `auto` request becomes a batch. The bench's crossover finds the
+   * sync path faster at every size it measures, but a sync request holds the API's event loop
+   * for its whole crypto: at 1,000 items about 5 ms, at 10,000 about 12 ms (README, Performance).
+   */
+  SYNC_MAX_ITEMS: int(1, 100_000).default(1_000),
+  /**
+   * Items per queued chunk: large enough that queue and Redis costs are amortised (2,500-item
+   * chunks cost Redis more CPU per million), small enough to bound memory and keep many chunks
+   * for the threads of several workers (README, Performance).
+   */
   CHUNK_ITEMS: int(1, 1_000_000).default(10_000),
   WORKER_THREADS: int(1, 256).default(availableParallelism()),
   /** Chunks one worker process holds at once; more than the thread count so Redis I/O overlaps crypto. */
@@ -45,6 +53,11 @@ const envSchema = z.object({
   KEY_CACHE_TTL_MS: int(0).default(2_000),
   MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
   MAX_ITEM_BYTES: int(1).default(64 * 1024),
+  /**
+   * Niceness of a worker's crypto threads (0 = as the API, 19 = lowest). Where API and workers
+   * share cores, a positive value lets the sync path's requests go first (bench: isolation).
+   */
+  WORKER_THREAD_NICE: int(0, 19).default(10),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
@@ -71,6 +84,7 @@ export interface Config {
   readonly maxBodyBytes: number;
   readonly maxItemBytes: number;
   readonly workerMetricsPort: number;
+  readonly workerThreadNice: number;
   readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
 }
@@ -116,6 +130,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     maxBodyBytes: e.MAX_BODY_BYTES,
     maxItemBytes: e.MAX_ITEM_BYTES,
     workerMetricsPort: e.WORKER_METRICS_PORT,
+    workerThreadNice: e.WORKER_THREAD_NICE,
     kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
   });

@@ -8,6 +8,8 @@ export interface ThreadTask {
   readonly input: Uint8Array;
   readonly ring: KeyRingData;
   readonly kernel: KernelChoice;
+  /** Niceness the thread gives itself before its first chunk. */
+  readonly nice: number;
 }
 
 /**

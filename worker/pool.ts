@@ -9,15 +9,19 @@ export interface CryptoPoolOptions {
   readonly threads: number;
   /** Which crypto kernel the threads use: the native one where built (`auto`), or always `js`. */
   readonly kernel: KernelChoice;
+  /** Niceness of the threads (WORKER_THREAD_NICE). */
+  readonly nice: number;
 }
 
 /** A worker_threads pool (piscina) that runs whole chunks; the main thread only moves buffers. */
 export class CryptoPool {
   readonly #pool: Piscina<ThreadTask, Uint8Array>;
   readonly #kernel: KernelChoice;
+  readonly #nice: number;
 
-  constructor({ threads, kernel }: CryptoPoolOptions) {
+  constructor({ threads, kernel, nice }: CryptoPoolOptions) {
     this.#kernel = kernel;
+    this.#nice = nice;
     if (!Number.isInteger(threads) || threads < 1) throw new RangeError(`CryptoPool: threads must be a positive integer, got ${threads}`);
     this.#pool = new Piscina({
       filename: new URL('./thread.js', import.meta.url).href,
@@ -30,7 +34,7 @@ export class CryptoPool {
 
   async run(job: ChunkJob, input: Buffer, ring: KeyRingData): Promise<DecodedResult> {
     const owned = ownsArrayBuffer(input) ? input : new Uint8Array(input);
-    const task: ThreadTask = { job, input: owned, ring, kernel: this.#kernel };
+    const task: ThreadTask = { job, input: owned, ring, kernel: this.#kernel, nice: this.#nice };
     // Transfer, not copy: the chunk's bytes move to the thread and the result buffer moves back.
     const result = await this.#pool.run(task, { transferList: [owned.buffer as ArrayBuffer] });
     return decodeResult(result);

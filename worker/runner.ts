@@ -27,7 +27,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const keys = new RedisKeys(config.prefix);
   const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
-  const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel });
+  const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerThreadNice });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
 

@@ -1,3 +1,4 @@
+import { setPriority } from 'node:os';
 import { move } from 'piscina';
 import { runChunkInto } from '../shared/crypto/kernel.js';
 import { KeyRing } from '../shared/crypto/key-ring.js';
@@ -6,8 +7,18 @@ import { RESULT_HEADER_BYTES, writeResultHeader, type ThreadTask } from './messa
 
 // Runs inside a worker thread: one chunk per task, crypto on buffers, off the worker's event loop.
 const nonces = new NonceSource();
+let niced = false;
 
 export default function runTask(task: ThreadTask): Uint8Array {
+  if (!niced) {
+    niced = true;
+    // On Linux, priority 0 means the calling thread: this thread only, not the worker's event loop.
+    try {
+      setPriority(0, task.nice);
+    } catch {
+      // Not permitted here (some containers): run at the default priority.
+    }
+  }
   const ring = new KeyRing(task.ring);
   const out = runChunkInto(task.job, task.input, ring, RESULT_HEADER_BYTES, task.kernel, nonces);
   writeResultHeader(out.buffer, out.count, out.succeeded, out.failed, out.newerVersionSeen);
