@@ -94,22 +94,26 @@ describe('operators see a batch', () => {
     );
     const prometheus = spawn('prometheus', [`--config.file=${config}`, `--storage.tsdb.path=${join(tmp, 'tsdb')}`, `--web.listen-address=127.0.0.1:${promPort}`], { stdio: 'ignore' });
     try {
-      const query = 'sum(keyfleet_items_processed_total{path="batch",op="encrypt",outcome="success"})';
-      let value = -1;
-      const deadline = Date.now() + 45_000;
-      while (value !== BATCH_ITEMS && Date.now() < deadline) {
-        await new Promise((r) => setTimeout(r, 500));
+      const ask = async (promql: string): Promise<number> => {
         try {
-          const res = await fetch(`http://127.0.0.1:${promPort}/api/v1/query?query=${encodeURIComponent(query)}`);
+          const res = await fetch(`http://127.0.0.1:${promPort}/api/v1/query?query=${encodeURIComponent(promql)}`);
           const body = (await res.json()) as { data: { result: Array<{ value: [number, string] }> } };
-          value = Number(body.data.result[0]?.value[1] ?? -1);
+          return Number(body.data.result[0]?.value[1] ?? -1);
         } catch {
-          // Prometheus still starting
+          return -1; // Prometheus still starting
         }
+      };
+      let value = -1;
+      let up = -1;
+      const deadline = Date.now() + 45_000;
+      // Targets come up one scrape at a time: wait for all three and for the batch's count.
+      while ((value !== BATCH_ITEMS || up !== 3) && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 500));
+        value = await ask('sum(keyfleet_items_processed_total{path="batch",op="encrypt",outcome="success"})');
+        up = await ask('sum(up)');
       }
       expect(value).toBe(BATCH_ITEMS);
-      const up = await (await fetch(`http://127.0.0.1:${promPort}/api/v1/query?query=${encodeURIComponent('sum(up)')}`)).json() as { data: { result: Array<{ value: [number, string] }> } };
-      expect(Number(up.data.result[0]?.value[1])).toBe(3);
+      expect(up).toBe(3);
     } finally {
       const exited = new Promise((done) => prometheus.once('exit', done));
       prometheus.kill('SIGTERM');

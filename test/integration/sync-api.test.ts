@@ -149,6 +149,20 @@ describe('auth and input errors', () => {
     expect(logs).not.toContain(env['KEYFLEET_MASTER_KEY']);
   });
 
+  it('interoperates across kernels: what an API on the node:crypto kernel seals, this one opens, and back', async () => {
+    const js = await buildApp({ config: configFrom({ ...env, KEYFLEET_KERNEL: 'js' }) });
+    try {
+      const items = ['alpha', 'ünïcødé', ''];
+      const viaJs = (await js.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: bearer(admin), payload: { items } })).json().results;
+      expect(await decrypt('licences', viaJs.map((r: any) => r.ciphertext))).toEqual(items.map((plaintext) => ({ plaintext })));
+      const viaNative = await encrypt('licences', items);
+      const back = (await js.inject({ method: 'POST', url: '/v1/decrypt/licences', headers: bearer(admin), payload: { items: viaNative.map((r: any) => r.ciphertext) } })).json().results;
+      expect(back).toEqual(items.map((plaintext) => ({ plaintext })));
+    } finally {
+      await js.close();
+    }
+  });
+
   it('says so clearly when it runs with another master key than the key was made under', async () => {
     const other = await buildApp({ config: configFrom({ ...env, KEYFLEET_MASTER_KEY: Buffer.alloc(32, 7).toString('base64') }) });
     try {
