@@ -1,23 +1,13 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
+import { freePort } from '../scripts/local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
-
-export const freePort = (): Promise<number> =>
-  new Promise((ok, fail) => {
-    const server = createServer();
-    server.once('error', fail);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => ok(port));
-    });
-  });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -56,31 +56,18 @@ export function registerQueueMetrics(registry: Registry, queue: Queue, batches: 
       if (s) for (const state of STATES) this.set({ state }, s.counts[state] ?? 0);
     },
   });
-  new Gauge({
-    name: 'keyfleet_queue_backlog_items',
-    help: 'Items stored in chunks and not yet processed, over all batches.',
-    registers: [registry],
-    async collect() {
-      const s = await snapshot();
-      if (s) this.set(s.backlogItems);
-    },
-  });
-  new Gauge({
-    name: 'keyfleet_queue_oldest_waiting_seconds',
-    help: 'Age of the oldest chunk waiting for a worker (0 when none waits).',
-    registers: [registry],
-    async collect() {
-      const s = await snapshot();
-      if (s) this.set(s.oldestWaitingSeconds);
-    },
-  });
-  new Gauge({
-    name: 'keyfleet_queue_workers',
-    help: 'Worker connections the queue sees in Redis (one per live worker process).',
-    registers: [registry],
-    async collect() {
-      const s = await snapshot();
-      if (s) this.set(s.workers);
-    },
-  });
+  const fromSnapshot = (name: string, help: string, pick: (s: Snapshot) => number): void => {
+    new Gauge({
+      name,
+      help,
+      registers: [registry],
+      async collect() {
+        const s = await snapshot();
+        if (s) this.set(pick(s));
+      },
+    });
+  };
+  fromSnapshot('keyfleet_queue_backlog_items', 'Items stored in chunks and not yet processed, over all batches.', (s) => s.backlogItems);
+  fromSnapshot('keyfleet_queue_oldest_waiting_seconds', 'Age of the oldest chunk waiting for a worker (0 when none waits).', (s) => s.oldestWaitingSeconds);
+  fromSnapshot('keyfleet_queue_workers', 'Worker connections the queue sees in Redis (one per live worker process).', (s) => s.workers);
 }

@@ -7,10 +7,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
-import { Redis } from 'ioredis';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
+import { freePort, redisAnswers, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const devDir = join(root, '.keyfleet-dev');
@@ -29,30 +28,6 @@ function devSecrets(): DevSecrets {
   return secrets;
 }
 
-async function answers(url: string): Promise<boolean> {
-  const client = new Redis(url, { lazyConnect: true, connectTimeout: 1_000, maxRetriesPerRequest: 0, retryStrategy: () => null });
-  client.on('error', () => {});
-  try {
-    await client.connect();
-    return (await client.ping()) === 'PONG';
-  } catch {
-    return false;
-  } finally {
-    client.disconnect();
-  }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((ok, fail) => {
-    const server = createServer();
-    server.once('error', fail);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => ok(port));
-    });
-  });
-}
-
 const children: ChildProcess[] = [];
 
 async function startRedis(): Promise<string> {
@@ -66,11 +41,8 @@ async function startRedis(): Promise<string> {
     redis.once('spawn', () => ok());
   });
   const url = `redis://127.0.0.1:${port}`;
-  for (let i = 0; i < 50; i++) {
-    if (await answers(url)) return url;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`redis-server on port ${port} did not answer`);
+  await waitForRedis(url, 5_000);
+  return url;
 }
 
 function run(name: string, script: string, env: NodeJS.ProcessEnv, flags: readonly string[] = []): ChildProcess {
@@ -116,7 +88,7 @@ async function waitForHealth(url: string): Promise<void> {
 
 const secrets = devSecrets();
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
-if (!(await answers(redisUrl))) {
+if (!(await redisAnswers(redisUrl))) {
   console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
   redisUrl = await startRedis();
 }
