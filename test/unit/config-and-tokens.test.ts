@@ -1,0 +1,59 @@
+import { randomBytes } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { loadConfig } from '../../shared/config.js';
+import { MasterKey } from '../../shared/master-key.js';
+import { parseTokens, TokenVerifier } from '../../shared/tokens.js';
+
+const masterKey = randomBytes(32).toString('base64');
+
+describe('configuration', () => {
+  it('has the documented defaults and is frozen', () => {
+    const config = loadConfig({});
+    expect(config).toMatchObject({ redisUrl: 'redis://127.0.0.1:6379', host: '127.0.0.1', port: 8080, prefix: '{keyfleet}', syncMaxItems: 1000, chunkItems: 10_000, resultTtlSeconds: 86_400 });
+    expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it('fails naming the variable, what it expected and what it got', () => {
+    expect(() => loadConfig({ PORT: 'eighty' })).toThrow(/PORT: .*\(got "eighty"\)/);
+    expect(() => loadConfig({ KEYFLEET_PREFIX: 'keyfleet' })).toThrow(/KEYFLEET_PREFIX: expected a hash tag/);
+  });
+
+  it('never echoes a bad master key or token list, only their shape', () => {
+    const bad = 'c2VjcmV0LW1hdGVyaWFs';
+    const error = (() => { try { loadConfig({ KEYFLEET_MASTER_KEY: bad }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(error).toMatch(/KEYFLEET_MASTER_KEY: expected base64 of exactly 32 bytes/);
+    expect(error).not.toContain(bad);
+    const tokenError = (() => { try { loadConfig({ KEYFLEET_TOKENS: 'acme:short-secret' }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(tokenError).toMatch(/KEYFLEET_TOKENS: .*at least 16 characters/);
+    expect(tokenError).not.toContain('short-secret');
+    expect(loadConfig({ KEYFLEET_MASTER_KEY: masterKey }).masterKey?.length).toBe(32);
+  });
+});
+
+describe('tokens', () => {
+  it('gives an entry without scopes everything but admin, and an entry with scopes exactly those', () => {
+    const [plain, scoped] = parseTokens('acme:aaaaaaaaaaaaaaaa, globex:bbbbbbbbbbbbbbbb:encrypt+admin');
+    expect([...plain!.scopes].sort()).toEqual(['batches', 'decrypt', 'encrypt', 'keys', 'rewrap']);
+    expect([...scoped!.scopes].sort()).toEqual(['admin', 'encrypt']);
+    expect(() => parseTokens('acme:aaaaaaaaaaaaaaaa:encrypt+root')).toThrow(/unknown scope "root"/);
+  });
+
+  it('verifies the right token only', () => {
+    const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb'));
+    expect(verifier.verify('bbbbbbbbbbbbbbbb')?.tenant).toBe('globex');
+    for (const wrong of ['', 'aaaaaaaaaaaaaaa', 'aaaaaaaaaaaaaaaaa', 'AAAAAAAAAAAAAAAA']) expect(verifier.verify(wrong)).toBeUndefined();
+  });
+});
+
+describe('master key wrapping', () => {
+  it('unwraps only for the same tenant, key name, version and master key', () => {
+    const master = new MasterKey(randomBytes(32));
+    const material = randomBytes(32);
+    const wrapped = master.wrap(material, 'acme', 'serials', 3);
+    expect(master.unwrap(wrapped, 'acme', 'serials', 3).equals(material)).toBe(true);
+    expect(() => master.unwrap(wrapped, 'globex', 'serials', 3)).toThrow();
+    expect(() => master.unwrap(wrapped, 'acme', 'other', 3)).toThrow();
+    expect(() => master.unwrap(wrapped, 'acme', 'serials', 4)).toThrow();
+    expect(() => new MasterKey(randomBytes(32)).unwrap(wrapped, 'acme', 'serials', 3)).toThrow(/another master key/);
+  });
+});
