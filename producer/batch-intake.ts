@@ -4,6 +4,9 @@ import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../shared/chunk-co
 import { chunkJobId, CHUNK_JOB } from '../shared/queue.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 
+/** Chunk writes (store + enqueue) an upload keeps in flight: memory stays at a few chunks. */
+const MAX_IN_FLIGHT = 3;
+
 export interface IntakeOptions {
   readonly chunkItems: number;
   /** The largest item accepted (see itemLimit); larger ones fail alone as KF_ITEM_TOO_LARGE. */
@@ -25,6 +28,7 @@ export class BatchIntake {
   #chunks = 0;
   #total = 0;
   #enqueuedItems = 0;
+  readonly #inFlight: Array<Promise<void>> = [];
   readonly batchId: string;
 
   constructor(batchId: string, spec: BatchSpec, store: BatchStore, queue: Queue<ChunkJobData>, options: IntakeOptions) {
@@ -64,21 +68,29 @@ export class BatchIntake {
     this.#counted();
   }
 
-  /** Stores and enqueues every full chunk. */
+  /**
+   * Stores and enqueues every full chunk. Up to MAX_IN_FLIGHT chunks are written at once, so
+   * parsing the next chunk overlaps the Redis round trips of the last ones.
+   */
   async drain(): Promise<void> {
     while (this.#full.length > 0) {
       const { packed, count } = this.#full.shift()!;
-      await this.#enqueue(packed, count);
+      const write = this.#enqueue(packed, count);
+      write.catch(() => {}); // awaited below or in finish(); this only keeps it from being "unhandled"
+      this.#inFlight.push(write);
+      if (this.#inFlight.length >= MAX_IN_FLIGHT) await this.#inFlight.shift();
     }
   }
 
-  /** Flushes the last partial chunk and seals the batch: it can now complete. */
+  /** Flushes the last partial chunk, waits for every write, and seals the batch: it can now complete. */
   async finish(): Promise<number> {
     await this.drain();
     if (this.#packer.count > 0) {
       const count = this.#packer.count;
-      await this.#enqueue(this.#packer.take(), count);
+      this.#inFlight.push(this.#enqueue(this.#packer.take(), count));
     }
+    const writes = this.#inFlight.splice(0);
+    await Promise.all(writes);
     await this.#store.seal(this.batchId);
     return this.#total;
   }
