@@ -38,11 +38,17 @@ export function runSync(request: SyncRequest, ring: KeyRing, kernel: KernelChoic
   return resolveKernel(kernel) === 'native' ? runNative(request, ring) : runJs(request, ring);
 }
 
+// Scratch buffers for the packed items and the kernel's output, reused by every call (the
+// kernel call is synchronous); only the exact response body is allocated per request.
+let packedScratch: Buffer = Buffer.allocUnsafe(64 * 1024);
+let outScratch: Buffer = Buffer.allocUnsafe(64 * 1024);
+const grown = (buf: Buffer, size: number): Buffer => (buf.length >= size ? buf : Buffer.allocUnsafe(Math.max(size, buf.length * 2)));
+
 function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: KeyRing): SyncOutcome {
   const limit = itemLimit(op, encoding, maxItemBytes);
   let size = 0;
   for (const item of items) size += 5 + Math.min(Buffer.byteLength(item, 'utf8'), limit + 1);
-  const packed = Buffer.allocUnsafe(size);
+  const packed = (packedScratch = grown(packedScratch, size));
   let at = 0;
   for (const item of items) {
     const length = Buffer.byteLength(item, 'utf8');
@@ -57,13 +63,18 @@ function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: Key
     at += 5 + packed.write(item, at + 5, 'utf8');
   }
   const job = nativeJob({ op, encoding, firstIndex: 0, maxItemBytes }, ring, true);
-  const body = Buffer.allocUnsafe(OPEN.length + outputBound(op, items.length, at) + CLOSE.length);
-  OPEN.copy(body);
-  const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job.params, job.versions, packed.subarray(0, at), body.subarray(OPEN.length));
+  const out = (outScratch = grown(outScratch, outputBound(op, items.length, at)));
+  const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job.params, job.versions, packed.subarray(0, at), out);
   // The kernel ends every result with a comma; the last one gives way to the closing bracket.
-  const end = OPEN.length + written - (written > 0 ? 1 : 0);
-  body.write(CLOSE, end, 'latin1');
-  return { body: body.subarray(0, end + CLOSE.length), succeeded, failed, newerVersionSeen };
+  const results = written > 0 ? written - 1 : 0;
+  const body = Buffer.allocUnsafe(OPEN.length + results + CLOSE.length);
+  OPEN.copy(body);
+  out.copy(body, OPEN.length, 0, results);
+  body.write(CLOSE, OPEN.length + results, 'latin1');
+  // Plaintexts may have passed through the scratch buffer: do not leave them there.
+  if (op === 'decrypt') out.fill(0, 0, written);
+  packed.fill(0, 0, at);
+  return { body, succeeded, failed, newerVersionSeen };
 }
 
 type ItemResult = { ciphertext: string } | { plaintext: string } | ReturnType<typeof itemError>;
