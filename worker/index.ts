@@ -1,0 +1,3 @@
+export { CryptoPool, type CryptoPoolOptions } from './pool.js';
+export { createChunkProcessor, type ChunkReport, type ProcessorDeps } from './processor.js';
+export { startWorker, type RunningWorker } from './runner.js';
