@@ -4,9 +4,11 @@ import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod
 import { ConfigError, type Config } from '../shared/config.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
+import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { adminRoutes } from './plugins/admin.js';
 import { authPlugin } from './plugins/auth.js';
+import { docsPlugin } from './plugins/docs.js';
 import { errorsPlugin } from './plugins/errors.js';
 import { metricsPlugin } from './plugins/metrics.js';
 import { batchRoutes } from './routes/batches.js';
@@ -59,6 +61,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   await app.register(errorsPlugin);
   await app.register(authPlugin, { verifier });
   await app.register(metricsPlugin);
+  await app.register(docsPlugin, { version: projectVersion() });
   await app.register(healthRoutes);
   await app.register(keyRoutes);
   await app.register(cryptoRoutes);

@@ -44,6 +44,7 @@ export const itemResult = z.union([
   z.object({ error: errorBody }),
 ]);
 export const cryptoResponse = z.object({ results: z.array(itemResult) });
+export type CryptoResponse = z.infer<typeof cryptoResponse>;
 
 // ---- batches -------------------------------------------------------------------------------
 export const createBatchQuery = z.object({

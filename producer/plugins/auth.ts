@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { KeyfleetError } from '../../shared/errors.js';
 import type { Principal, Scope, TokenVerifier } from '../../shared/tokens.js';
+import { DOCS_PATH } from './docs.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -36,7 +37,8 @@ export const authPlugin = fp(async (app: FastifyInstance, { verifier }: { verifi
     // The request id goes back on every answer, so a caller can quote it (set here: no extra hook).
     reply.header('x-request-id', request.id);
     const scope = request.routeOptions.config.scope;
-    if (scope === 'public') return done();
+    // Swagger UI's own routes carry no config of ours; the API description is public.
+    if (scope === 'public' || request.routeOptions.url?.startsWith(DOCS_PATH)) return done();
     const token = presentedToken(request.headers.authorization);
     const principal = token ? verifier.verify(token) : undefined;
     if (!principal) {

@@ -4,7 +4,7 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchParams, createBatchQuery } from '../../shared/schemas.js';
+import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
@@ -17,6 +17,7 @@ const NDJSON = 'application/x-ndjson';
 export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const { batches } = app.services;
+  const tags = ['batches'];
 
   // Uploads are streamed into chunks by the route itself: hand it the raw body, unread.
   app.removeContentTypeParser(['application/json']);
@@ -24,7 +25,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
 
-  r.post('/v1/batches', { config: { scope: 'batches' }, schema: { querystring: createBatchQuery } }, async (request, reply) => {
+  r.post('/v1/batches', { config: { scope: 'batches' }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
     const { op, key, encoding } = request.query;
     const { tenant } = requireScope(request, op);
     const body = request.body as AsyncIterable<Buffer> | undefined;
@@ -38,11 +39,11 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return reply.status(202).send({ batchId, status: 'queued', total });
   });
 
-  r.get('/v1/batches/:id', { schema: { params: batchParams } }, async (request) => {
+  r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
     return publicStatus(await readableBatch(request, batches, request.params.id));
   });
 
-  r.get('/v1/batches/:id/results', { schema: { params: batchParams } }, async (request, reply) => {
+  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed)', params: batchParams } }, async (request, reply) => {
     const batch = await readableBatch(request, batches, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     if (batch.status !== 'completed') {
@@ -52,12 +53,12 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return reply.send(Readable.from(resultChunks(batches, batch.id, batch.chunks), { objectMode: false }));
   });
 
-  r.get('/v1/batches/:id/events', { schema: { params: batchParams } }, async (request, reply) => {
+  r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
     const batch = await readableBatch(request, batches, request.params.id);
     await streamBatchEvents(app, request, reply, batch.id);
   });
 
-  r.delete('/v1/batches/:id', { schema: { params: batchParams } }, async (request) => {
+  r.delete('/v1/batches/:id', { schema: { tags, summary: 'Cancel what has not run and delete the results', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
     const batch = await readableBatch(request, batches, request.params.id);
     await batches.cancel(batch.id);
     app.services.metrics.batches.inc({ event: 'cancelled' });

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { KeyfleetError } from '../../shared/errors.js';
-import { cryptoBody, cryptoParams, type BatchOp } from '../../shared/schemas.js';
+import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoResponse } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { principalOf } from '../plugins/auth.js';
 import { runSync } from '../sync-crypto.js';
@@ -16,7 +16,16 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
-    r.post(`/v1/${op}/:key`, { config: { scope: op }, schema: { params: cryptoParams, body: cryptoBody } }, async (request, reply) => {
+    r.post(`/v1/${op}/:key`, {
+      config: { scope: op },
+      schema: {
+        tags: ['crypto'],
+        summary: `${op[0]!.toUpperCase()}${op.slice(1)} items: answered in the response up to SYNC_MAX_ITEMS, else a batch (202)`,
+        params: cryptoParams,
+        body: cryptoBody,
+        response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
+      },
+    }, async (request, reply) => {
       const { tenant } = principalOf(request);
       const { items, encoding, mode } = request.body;
       const key = request.params.key;
@@ -45,7 +54,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         outcome = runSync(syncRequest, ring, kernel);
       }
       metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
-      return reply.type('application/json; charset=utf-8').send(outcome.body);
+      // The body is already JSON, written by the kernel; fastify sends a Buffer as it is, without
+      // the response schema's serializer (the schema documents the shape).
+      return reply.type('application/json; charset=utf-8').send(outcome.body as unknown as CryptoResponse);
     });
   }
 }

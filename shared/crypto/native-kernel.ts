@@ -1,7 +1,6 @@
-import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
 import { CATALOGUE, type ErrorCode } from '../errors.js';
+import { projectRoot } from '../project-root.js';
 
 /** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
 interface NativeAddon {
@@ -23,14 +22,6 @@ export interface NativeJob {
 
 // The order the addon indexes its error table by.
 const ERROR_ORDER: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
-
-/** The project root: the nearest folder above this file that holds binding.gyp (source and dist alike). */
-function projectRoot(): string | undefined {
-  for (let dir = import.meta.dirname; ; dir = dirname(dir)) {
-    if (existsSync(join(dir, 'binding.gyp'))) return dir;
-    if (dirname(dir) === dir) return undefined;
-  }
-}
 
 function load(): { addon?: NativeAddon; reason?: string } {
   const root = projectRoot();
