@@ -15,7 +15,6 @@ import { registerQueueMetrics } from './queue-metrics.js';
 /** The long-lived parts the API's routes share; `close()` releases every connection. */
 export interface ApiServices {
   readonly redis: Redis;
-  readonly keys: RedisKeys;
   readonly keyStore: KeyStore;
   readonly keyCache: KeyCache;
   readonly batches: BatchStore;
@@ -38,7 +37,6 @@ export function createApiServices(config: Config): ApiServices {
   registerQueueMetrics(registry, queue, batches);
   return {
     redis,
-    keys,
     keyStore,
     keyCache: new KeyCache(keyStore, config.keyCacheTtlMs),
     batches,

@@ -127,10 +127,6 @@ export class BatchStore {
     redis.defineCommand('kfBatchCancel', { numberOfKeys: 5, lua: CANCEL });
   }
 
-  get keys(): RedisKeys {
-    return this.#keys;
-  }
-
   async create(spec: BatchSpec): Promise<string> {
     const id = randomBytes(12).toString('base64url');
     const meta = this.#keys.batch(id);

@@ -102,29 +102,11 @@ export class WorkerMetrics extends CryptoMetrics {
       labelNames: ['outcome'],
       registers: [registry],
     });
-    new Gauge({
-      name: 'keyfleet_worker_pool_utilization',
-      help: 'Share of thread time spent running chunks since the pool started, 0..1.',
-      registers: [registry],
-      collect() {
-        this.set(pool.utilization);
-      },
-    });
-    new Gauge({
-      name: 'keyfleet_worker_pool_queue_size',
-      help: 'Chunks waiting for a free thread in this worker.',
-      registers: [registry],
-      collect() {
-        this.set(pool.queueSize);
-      },
-    });
-    new Gauge({
-      name: 'keyfleet_worker_pool_threads',
-      help: 'Crypto threads in this worker.',
-      registers: [registry],
-      collect() {
-        this.set(pool.threads);
-      },
-    });
+    const poolGauge = (name: string, help: string, read: () => number): void => {
+      new Gauge({ name, help, registers: [registry], collect() { this.set(read()); } });
+    };
+    poolGauge('keyfleet_worker_pool_utilization', 'Share of thread time spent running chunks since the pool started, 0..1.', () => pool.utilization);
+    poolGauge('keyfleet_worker_pool_queue_size', 'Chunks waiting for a free thread in this worker.', () => pool.queueSize);
+    poolGauge('keyfleet_worker_pool_threads', 'Crypto threads in this worker.', () => pool.threads);
   }
 }

@@ -18,14 +18,26 @@ interface VersionEntry {
   readonly aad: Buffer;
 }
 
-/** The unwrapped versions of one key, ready for the crypto loop. Never serialised to a client. */
+/** A version as the native kernel takes it: material and associated data as bytes. */
+export interface NativeVersionEntry {
+  readonly version: number;
+  readonly key: Uint8Array;
+  readonly aad: Uint8Array;
+}
+
+/**
+ * The unwrapped versions of one key, ready for the crypto loop. Never serialised to a client.
+ * Associated data is computed once per version; node:crypto KeyObjects only when the
+ * node:crypto kernel first asks for one (the native kernel takes the bytes).
+ */
 export class KeyRing {
   readonly name: string;
   readonly type: KeyType;
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
-  readonly #versions = new Map<number, VersionEntry>();
   readonly #data: KeyRingData;
+  readonly #native: readonly NativeVersionEntry[];
+  readonly #keyObjects = new Map<number, VersionEntry>();
 
   constructor(data: KeyRingData) {
     this.#data = data;
@@ -33,30 +45,32 @@ export class KeyRing {
     this.type = data.type;
     this.latestVersion = data.latestVersion;
     this.minDecryptionVersion = data.minDecryptionVersion;
-    for (const v of data.versions) {
-      this.#versions.set(v.version, { key: createSecretKey(v.material), aad: associatedData(data.name, v.version) });
-    }
-    if (!this.#versions.has(this.latestVersion)) {
+    this.#native = data.versions.map((v) => ({ version: v.version, key: v.material, aad: associatedData(data.name, v.version) }));
+    if (!this.#native.some((v) => v.version === this.latestVersion)) {
       throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
     }
   }
 
   /** The version new ciphertexts are made under. */
   get latest(): VersionEntry {
-    return this.#versions.get(this.latestVersion)!;
+    return this.version(this.latestVersion)!;
   }
 
   version(v: number): VersionEntry | undefined {
-    return this.#versions.get(v);
+    let entry = this.#keyObjects.get(v);
+    if (!entry) {
+      const bytes = this.#native.find((n) => n.version === v);
+      if (!bytes) return undefined;
+      entry = { key: createSecretKey(bytes.key), aad: Buffer.from(bytes.aad) };
+      this.#keyObjects.set(v, entry);
+    }
+    return entry;
   }
 
-  /** The versions as the native kernel takes them (material and associated data as bytes). */
-  nativeVersions(): ReadonlyArray<{ version: number; key: Uint8Array; aad: Uint8Array }> {
-    this.#native ??= this.#data.versions.map((v) => ({ version: v.version, key: v.material, aad: associatedData(this.name, v.version) }));
+  /** The versions as the native kernel takes them. */
+  nativeVersions(): readonly NativeVersionEntry[] {
     return this.#native;
   }
-
-  #native: ReadonlyArray<{ version: number; key: Uint8Array; aad: Uint8Array }> | undefined;
 
   toData(): KeyRingData {
     return this.#data;

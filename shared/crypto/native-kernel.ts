@@ -1,17 +1,14 @@
 import { createRequire } from 'node:module';
 import { CATALOGUE, type ErrorCode } from '../errors.js';
 import { projectRoot } from '../project-root.js';
+import type { NativeVersionEntry as NativeVersion } from './key-ring.js';
+
+export type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 
 /** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
 interface NativeAddon {
   setErrors(errors: string[]): void;
   run(params: Uint32Array, versions: readonly NativeVersion[], input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
-}
-
-export interface NativeVersion {
-  readonly version: number;
-  readonly key: Uint8Array;
-  readonly aad: Uint8Array;
 }
 
 /** A call's scalars, [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion], and the key versions. */
