@@ -95,12 +95,15 @@ export interface BatchSpec {
   readonly key: string;
   readonly encoding: Encoding;
   readonly requestId?: string;
+  /** Items per chunk (the last may hold fewer): lets results be read from any item on. */
+  readonly chunkItems: number;
 }
 
 export interface BatchRecord extends BatchStatusBody {
   readonly tenant: string;
   readonly encoding: Encoding;
   readonly chunks: number;
+  readonly chunkItems: number;
   readonly sealed: boolean;
   readonly deleted: boolean;
 }
@@ -133,7 +136,7 @@ export class BatchStore {
     await this.#redis
       .multi()
       .hset(meta, {
-        id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, status: 'queued',
+        id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, status: 'queued',
         total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
       })
       // An abandoned batch (its API died mid-upload) still disappears in time.
@@ -208,6 +211,7 @@ export class BatchStore {
       ...(f['finishedAt'] ? { finishedAt: f['finishedAt'] } : {}),
       ...(f['errorCode'] ? { error: { code: f['errorCode'], message: f['errorMessage'] ?? '' } } : {}),
       chunks: n('chunks'),
+      chunkItems: n('chunkItems'),
       sealed: f['sealed'] === '1',
       deleted: f['deleted'] === '1',
     };
@@ -216,6 +220,6 @@ export class BatchStore {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, sealed: _s, deleted: _d, ...body } = record;
+  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, sealed: _s, deleted: _d, ...body } = record;
   return body;
 }

@@ -4,7 +4,7 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse } from '../../shared/schemas.js';
+import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
@@ -43,14 +43,14 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return publicStatus(await readableBatch(request, batches, request.params.id));
   });
 
-  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed)', params: batchParams } }, async (request, reply) => {
+  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery } }, async (request, reply) => {
     const batch = await readableBatch(request, batches, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     if (batch.status !== 'completed') {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
     }
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(resultChunks(batches, batch.id, batch.chunks), { objectMode: false }));
+    return reply.send(Readable.from(resultChunks(batches, batch, request.query.from), { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
@@ -79,13 +79,21 @@ async function readableBatch(request: FastifyRequest, batches: BatchStore, id: s
   return batch;
 }
 
-/** Result lines chunk by chunk in input order, reading the next chunk while the current one is sent. */
-async function* resultChunks(batches: BatchStore, id: string, chunks: number): AsyncGenerator<Buffer> {
-  let next = chunks > 0 ? batches.readResults(id, 0) : undefined;
-  for (let chunk = 0; chunk < chunks; chunk++) {
-    const current = await next!;
+/**
+ * Result lines chunk by chunk in input order from item `from` on, reading the next chunk while
+ * the current one is sent. Every chunk but the last holds `chunkItems` lines.
+ */
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: number): AsyncGenerator<Buffer> {
+  const { id, chunks, chunkItems } = batch;
+  if (from >= batch.total) return;
+  const first = chunkItems > 0 ? Math.floor(from / chunkItems) : 0;
+  let skip = chunkItems > 0 ? from - first * chunkItems : from;
+  let next = first < chunks ? batches.readResults(id, first) : undefined;
+  for (let chunk = first; chunk < chunks; chunk++) {
+    let current = await next!;
     next = chunk + 1 < chunks ? batches.readResults(id, chunk + 1) : undefined;
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
+    for (; skip > 0; skip--) current = current.subarray(current.indexOf(0x0a) + 1);
     yield current;
   }
 }

@@ -38,8 +38,8 @@ export class Client {
   }
 
   /** Downloads a batch's results and parses every NDJSON line. */
-  async results(id: string): Promise<Array<{ i: number; ciphertext?: string; plaintext?: string; error?: { code: string } }>> {
-    const res = await fetch(`${this.base}/v1/batches/${id}/results`, { headers: { authorization: `Bearer ${this.token}` } });
+  async results(id: string, from = 0): Promise<Array<{ i: number; ciphertext?: string; plaintext?: string; error?: { code: string } }>> {
+    const res = await fetch(`${this.base}/v1/batches/${id}/results${from ? `?from=${from}` : ''}`, { headers: { authorization: `Bearer ${this.token}` } });
     if (res.status !== 200) throw new Error(`results of ${id}: HTTP ${res.status} ${await res.text()}`);
     const text = await res.text();
     return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));

@@ -53,6 +53,13 @@ describe('batches', () => {
     sealed.forEach((line, n) => expect(line.i).toBe(n));
     expect(new Set(sealed.map((l) => l.ciphertext)).size).toBe(100_000);
 
+    // A client that lost its download resumes from any item, inside a chunk or on its edge.
+    for (const from of [7000 * 3 + 123, 7000 * 14, 99_999, 100_000]) {
+      const rest = await client.results(submitted.body.batchId, from);
+      expect(rest.map((l) => l.i)).toEqual(sealed.slice(from).map((l) => l.i));
+      expect(rest.map((l) => l.ciphertext)).toEqual(sealed.slice(from).map((l) => l.ciphertext));
+    }
+
     const back = await client.uploadNdjson('decrypt', 'serials', sealed.map((l) => l.ciphertext!));
     expect((await client.waitForBatch(back.body.batchId)).succeeded).toBe(100_000);
     const opened = await client.results(back.body.batchId);

@@ -22,7 +22,7 @@ afterAll(async () => {
 const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, lines: Buffer.from(lines) });
 
 async function batchWithChunks(n: number): Promise<string> {
-  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' });
+  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 });
   for (let c = 0; c < n; c++) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
   return id;
 }
@@ -82,7 +82,7 @@ describe('backlog', () => {
   it('counts items stored and not yet processed, and returns to zero when batches complete, fail or are cancelled', async () => {
     const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), 600);
     const make = async (chunks: number) => {
-      const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' });
+      const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 });
       for (let c = 0; c < chunks; c++) await own.addChunk(id, c, Buffer.from('x'), 10);
       return id;
     };
