@@ -11,6 +11,7 @@ import { authPlugin } from './plugins/auth.js';
 import { docsPlugin } from './plugins/docs.js';
 import { errorsPlugin } from './plugins/errors.js';
 import { metricsPlugin } from './plugins/metrics.js';
+import { rateLimitPlugin } from './plugins/rate-limit.js';
 import { batchRoutes } from './routes/batches.js';
 import { cryptoRoutes } from './routes/crypto.js';
 import { healthRoutes } from './routes/health.js';
@@ -61,6 +62,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   await app.register(errorsPlugin);
   await app.register(authPlugin, { verifier });
   await app.register(metricsPlugin);
+  await app.register(rateLimitPlugin, { redis: services.redis, prefix: config.prefix, perSecond: config.syncRateLimit });
   await app.register(docsPlugin, { version: projectVersion() });
   await app.register(healthRoutes);
   await app.register(keyRoutes);

@@ -1,4 +1,5 @@
 import { setImmediate } from 'node:timers/promises';
+import { KeyfleetError } from '../shared/errors.js';
 import type { Queue } from 'bullmq';
 import type { BatchStore, BatchSpec } from '../shared/batch-store.js';
 import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
@@ -12,7 +13,14 @@ export interface IntakeOptions {
   readonly chunkItems: number;
   /** The largest item accepted (see itemLimit); larger ones fail alone as KF_ITEM_TOO_LARGE. */
   readonly maxItemBytes: number;
+  /** Items the batch may hold; one more fails the upload with KF_BATCH_TOO_LARGE. */
+  readonly maxItems: number;
+  /** Called every few seconds while the body is still arriving (renews claims tied to the upload). */
+  readonly keepAlive?: () => void;
 }
+
+/** How often a long upload renews its lease (UPLOAD_LEASE_MS is far longer). */
+const KEEP_ALIVE_MS = 10_000;
 
 /**
  * Turns a stream of items into stored, queued chunks. Parsers call `add`/`reject` synchronously;
@@ -30,6 +38,7 @@ export class BatchIntake {
   #total = 0;
   #enqueuedItems = 0;
   readonly #inFlight: Array<Promise<void>> = [];
+  #aliveAt = Date.now();
   readonly batchId: string;
 
   constructor(batchId: string, spec: BatchSpec, store: BatchStore, queue: Queue<ChunkJobData>, options: IntakeOptions) {
@@ -81,6 +90,12 @@ export class BatchIntake {
       this.#inFlight.push(write);
       if (this.#inFlight.length >= MAX_IN_FLIGHT) await this.#inFlight.shift();
     }
+    const now = Date.now();
+    if (now - this.#aliveAt >= KEEP_ALIVE_MS) {
+      this.#aliveAt = now;
+      this.#store.touchUpload(this.batchId).catch(() => {}); // a lapse shows up as an abandoned upload
+      this.#options.keepAlive?.();
+    }
     // Readers call this after every body piece. When the body is already buffered, `for await`
     // would go on in microtasks without ever returning to the event loop; yielding here lets
     // the sync path's requests in between pieces (bench: isolation).
@@ -101,7 +116,9 @@ export class BatchIntake {
   }
 
   #counted(): void {
-    this.#total++;
+    if (++this.#total > this.#options.maxItems) {
+      throw new KeyfleetError('KF_BATCH_TOO_LARGE', `the batch holds more than MAX_BATCH_ITEMS (${this.#options.maxItems}) items`);
+    }
     if (this.#packer.count >= this.#options.chunkItems) {
       const count = this.#packer.count;
       this.#full.push({ packed: this.#packer.take(), count });

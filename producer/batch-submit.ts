@@ -9,13 +9,29 @@ import { BatchIntake } from './batch-intake.js';
  * A batch is sealed only after its last item is stored; an upload that fails part way ends
  * the batch as failed, so a half upload is never processed as if complete.
  */
-export async function submitBatch(app: FastifyInstance, request: Omit<BatchSpec, 'chunkItems'>, fill: (intake: BatchIntake) => Promise<void>): Promise<{ batchId: string; total: number }> {
+export async function submitBatch(
+  app: FastifyInstance,
+  request: Omit<BatchSpec, 'chunkItems'>,
+  fill: (intake: BatchIntake) => Promise<void>,
+  keepAlive?: () => void,
+): Promise<{ batchId: string; total: number }> {
   const { batches, queue, keyCache } = app.services;
-  const spec: BatchSpec = { ...request, chunkItems: app.keyfleet.chunkItems };
-  await keyCache.get(spec.tenant, spec.key); // 404 before any byte of the body is read
-  const batchId = await batches.create(spec);
+  const { chunkItems, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems } = app.keyfleet;
+  const spec: BatchSpec = { ...request, chunkItems };
+  // Refused before any byte of the body is read: unknown key (404), full queue, too many batches (429).
+  await keyCache.get(spec.tenant, spec.key);
+  const backlog = await batches.backlogItems();
+  if (backlog >= maxBacklogItems) {
+    throw new KeyfleetError('KF_BACKLOG_FULL', `${backlog} items are queued, at or above MAX_BACKLOG_ITEMS (${maxBacklogItems}); retry later`, { retryAfterSeconds: 30 });
+  }
+  const batchId = await batches.create(spec, maxActiveBatches);
   app.services.metrics.batches.inc({ event: 'created' });
-  const intake = new BatchIntake(batchId, spec, batches, queue, { chunkItems: spec.chunkItems, maxItemBytes: itemLimit(spec.op, spec.encoding, app.keyfleet.maxItemBytes) });
+  const intake = new BatchIntake(batchId, spec, batches, queue, {
+    chunkItems,
+    maxItemBytes: itemLimit(spec.op, spec.encoding, maxItemBytes),
+    maxItems: maxBatchItems,
+    ...(keepAlive ? { keepAlive } : {}),
+  });
   try {
     await fill(intake);
     if (intake.total === 0) throw new KeyfleetError('KF_VALIDATION', 'the upload holds no items');

@@ -1,5 +1,6 @@
 import type { Queue } from 'bullmq';
 import type { Registry } from 'prom-client';
+import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
@@ -10,6 +11,7 @@ import { createChunkQueue } from '../shared/queue.js';
 import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
+import { IdempotencyStore } from './idempotency.js';
 import { registerQueueMetrics } from './queue-metrics.js';
 
 /** The long-lived parts the API's routes share; `close()` releases every connection. */
@@ -18,6 +20,7 @@ export interface ApiServices {
   readonly keyStore: KeyStore;
   readonly keyCache: KeyCache;
   readonly batches: BatchStore;
+  readonly idempotency: IdempotencyStore;
   readonly queue: Queue<ChunkJobData>;
   readonly events: BatchEvents;
   readonly registry: Registry;
@@ -28,11 +31,13 @@ export interface ApiServices {
 export function createApiServices(config: Config): ApiServices {
   const redis = createRedis(config, { role: 'api' });
   const keys = new RedisKeys(config.prefix);
-  const keyStore = new KeyStore(redis, keys, new MasterKey(requireMasterKey(config)));
+  const masterKey = requireMasterKey(config);
+  const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey));
+  const sealer = new AtRestSealer(masterKey);
   const queueRedis = createRedis(config, { role: 'api' });
   const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
   const events = new BatchEvents(createRedis(config, { role: 'subscriber' }), keys);
-  const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
+  const batches = new BatchStore(redis, keys, config.resultTtlSeconds, sealer);
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
   return {
@@ -40,6 +45,7 @@ export function createApiServices(config: Config): ApiServices {
     keyStore,
     keyCache: new KeyCache(keyStore, config.keyCacheTtlMs),
     batches,
+    idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds),
     queue,
     events,
     registry,

@@ -52,7 +52,21 @@ const envSchema = z.object({
   /** How long a process trusts its cached key versions before it looks for a rotation. */
   KEY_CACHE_TTL_MS: int(0).default(2_000),
   MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
+  /** The largest item; an NDJSON line may be up to 6× this plus its quotes (every byte escaped as \u00XX). */
   MAX_ITEM_BYTES: int(1).default(64 * 1024),
+  /** Items one batch may hold; the upload beyond it fails with 413 and the batch is never run. */
+  MAX_BATCH_ITEMS: int(1).default(20_000_000),
+  /** Batches one tenant may have queued or running at once; more get 429. */
+  MAX_ACTIVE_BATCHES: int(1).default(32),
+  /**
+   * Backpressure: when the items stored and not yet processed, over every batch, pass this, new
+   * batches get 429 with Retry-After. Each queued item holds about 100 bytes of Redis memory.
+   */
+  MAX_BACKLOG_ITEMS: int(1).default(20_000_000),
+  /** Sync crypto requests per second per tenant, counted in Redis so replicas share it; 0 turns it off. */
+  SYNC_RATE_LIMIT: int(0).default(5_000),
+  /** How long an Idempotency-Key and the answer it gave are kept. */
+  IDEMPOTENCY_TTL_SECONDS: int(60).default(86_400),
   /**
    * Niceness of a worker's crypto threads (0 = as the API, 19 = lowest). Where API and workers
    * share cores, a positive value lets the sync path's requests go first (bench: isolation).
@@ -83,6 +97,11 @@ export interface Config {
   readonly keyCacheTtlMs: number;
   readonly maxBodyBytes: number;
   readonly maxItemBytes: number;
+  readonly maxBatchItems: number;
+  readonly maxActiveBatches: number;
+  readonly maxBacklogItems: number;
+  readonly syncRateLimit: number;
+  readonly idempotencyTtlSeconds: number;
   readonly workerMetricsPort: number;
   readonly workerThreadNice: number;
   readonly kernel: 'auto' | 'native' | 'js';
@@ -129,6 +148,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     keyCacheTtlMs: e.KEY_CACHE_TTL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
     maxItemBytes: e.MAX_ITEM_BYTES,
+    maxBatchItems: e.MAX_BATCH_ITEMS,
+    maxActiveBatches: e.MAX_ACTIVE_BATCHES,
+    maxBacklogItems: e.MAX_BACKLOG_ITEMS,
+    syncRateLimit: e.SYNC_RATE_LIMIT,
+    idempotencyTtlSeconds: e.IDEMPOTENCY_TTL_SECONDS,
     workerMetricsPort: e.WORKER_METRICS_PORT,
     workerThreadNice: e.WORKER_THREAD_NICE,
     kernel: e.KEYFLEET_KERNEL,

@@ -24,6 +24,13 @@ export const CATALOGUE = {
   KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },
   KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later' },
   KF_INTERNAL: { status: 500, message: 'internal error' },
+  KF_BATCH_TOO_LARGE: { status: 413, message: 'the batch holds more items than the configured limit' },
+  KF_TOO_MANY_BATCHES: { status: 429, message: 'the tenant has too many batches queued or running; retry later' },
+  KF_BACKLOG_FULL: { status: 429, message: 'the service has too many items queued; retry later' },
+  KF_RATE_LIMITED: { status: 429, message: 'too many requests for this tenant; retry later' },
+  KF_IDEMPOTENCY_KEY_INVALID: { status: 400, message: 'Idempotency-Key must be 1-255 printable ASCII characters' },
+  KF_IDEMPOTENCY_MISMATCH: { status: 409, message: 'the Idempotency-Key was already used with another request' },
+  KF_IDEMPOTENCY_IN_PROGRESS: { status: 409, message: 'a request with this Idempotency-Key is still in progress; retry later' },
   // Item-level codes: they appear inside results, one per failed item.
   KF_DECRYPT_FAILED: { status: 400, message: 'decryption failed' },
   KF_KEY_VERSION_DISABLED: { status: 400, message: 'the ciphertext key version is below minDecryptionVersion' },
@@ -44,11 +51,14 @@ export class KeyfleetError extends Error {
   override name = 'KeyfleetError';
   readonly code: ErrorCode;
   readonly status: number;
+  /** Sent as Retry-After: when a 429 or 503 may be retried. */
+  readonly retryAfterSeconds: number | undefined;
 
-  constructor(code: ErrorCode, message: string = CATALOGUE[code].message, options?: { cause?: unknown }) {
+  constructor(code: ErrorCode, message: string = CATALOGUE[code].message, options?: { cause?: unknown; retryAfterSeconds?: number }) {
     super(message, options);
     this.code = code;
     this.status = CATALOGUE[code].status;
+    this.retryAfterSeconds = options?.retryAfterSeconds;
   }
 
   toBody(): ErrorBody {

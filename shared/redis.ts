@@ -80,6 +80,21 @@ export class RedisKeys {
     return `${this.prefix}:backlog-items`;
   }
 
+  /** Exists while an upload into the batch is alive; an unsealed batch without it was abandoned. */
+  batchUpload(id: string): string {
+    return `${this.prefix}:batch:${id}:upload`;
+  }
+
+  /** Set of a tenant's batch ids that may still be queued or running (admission counts them). */
+  tenantBatches(tenant: string): string {
+    return `${this.prefix}:tenant:${tenant}:batches`;
+  }
+
+  /** An Idempotency-Key record, named by a hash of tenant and key. */
+  idempotency(id: string): string {
+    return `${this.prefix}:idem:${id}`;
+  }
+
   batchEvents(id: string): string {
     return `${this.prefix}:batch-events:${id}`;
   }

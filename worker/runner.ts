@@ -1,4 +1,5 @@
 import { UnrecoverableError, Worker } from 'bullmq';
+import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
@@ -25,8 +26,9 @@ export interface RunningWorker {
 export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
   const redis = createRedis(config, { role: 'worker' });
   const keys = new RedisKeys(config.prefix);
-  const batches = new BatchStore(redis, keys, config.resultTtlSeconds);
-  const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(requireMasterKey(config))), config.keyCacheTtlMs);
+  const masterKey = requireMasterKey(config);
+  const batches = new BatchStore(redis, keys, config.resultTtlSeconds, new AtRestSealer(masterKey));
+  const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey)), config.keyCacheTtlMs);
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerThreadNice });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);

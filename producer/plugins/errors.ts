@@ -41,7 +41,8 @@ export const errorsPlugin = fp(async (app: FastifyInstance) => {
       request.log.error({ err }, 'unhandled error');
       error = new KeyfleetError('KF_INTERNAL');
     }
-    if (error.code === 'KF_REDIS_UNAVAILABLE') reply.header('retry-after', '5');
+    const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' ? 5 : undefined);
+    if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
     return reply.status(error.status).send({ error: error.toBody() });
   });
 

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
@@ -6,6 +7,7 @@ import { itemLimit } from '../../shared/crypto/items.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
+import { idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireScope } from '../plugins/auth.js';
@@ -32,11 +34,35 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
-    const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
-      ndjson ? readNdjsonItems(body, intake, maxLine) : readJsonItems(body, intake),
-    );
-    request.log.info({ tenant, batchId, op, total }, 'batch accepted');
-    return reply.status(202).send({ batchId, status: 'queued', total });
+    const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
+      const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
+        ndjson ? readNdjsonItems(items, intake, maxLine) : readJsonItems(items, intake), keepAlive,
+      );
+      request.log.info({ tenant, batchId, op, total }, 'batch accepted');
+      return { batchId, status: 'queued' as const, total };
+    };
+
+    const idempotencyKey = idempotencyKeyOf(request);
+    if (idempotencyKey === undefined) return reply.status(202).send(await submit(body));
+    // The body's fingerprint is known only once it has been read: a repeat is read (and hashed)
+    // to tell "the same upload again" from "another upload with the same key".
+    const { idempotency } = app.services;
+    const fingerprint = createHash('sha256').update(`${request.method} ${request.url}\n`);
+    const stored = await idempotency.find(tenant, idempotencyKey, async () => {
+      for await (const piece of body) fingerprint.update(piece);
+      return fingerprint.digest('hex');
+    });
+    if (stored) return replay(reply, stored);
+    await idempotency.claim(tenant, idempotencyKey, 'upload in progress');
+    try {
+      const accepted = await submit(hashing(body, fingerprint), () => void idempotency.renew(tenant, idempotencyKey).catch(() => {}));
+      const answer = jsonAnswer(202, accepted);
+      await idempotency.complete(tenant, idempotencyKey, fingerprint.digest('hex'), answer);
+      return send(reply, answer);
+    } catch (err) {
+      await idempotency.release(tenant, idempotencyKey).catch(() => {});
+      throw err;
+    }
   });
 
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
@@ -73,10 +99,22 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
  */
 async function readableBatch(request: FastifyRequest, batches: BatchStore, id: string): Promise<BatchRecord> {
   const principal = principalOf(request);
-  const batch = await batches.get(id);
+  let batch = await batches.get(id);
   if (!batch || batch.tenant !== principal.tenant) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
   requireScope(request, 'batches', batch.op);
+  // An upload whose API died shows as failed, not as queued for ever.
+  if (!batch.sealed && (batch.status === 'queued' || batch.status === 'running') && (await batches.failIfAbandoned(id))) {
+    batch = (await batches.get(id)) ?? batch;
+  }
   return batch;
+}
+
+/** Passes the body through while hashing it. */
+async function* hashing(body: AsyncIterable<Buffer>, hash: ReturnType<typeof createHash>): AsyncGenerator<Buffer> {
+  for await (const piece of body) {
+    hash.update(piece);
+    yield piece;
+  }
 }
 
 /**

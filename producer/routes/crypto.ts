@@ -1,9 +1,11 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoResponse } from '../../shared/schemas.js';
+import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
+import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
 import { principalOf } from '../plugins/auth.js';
+import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
 
 /**
@@ -12,12 +14,12 @@ import { runSync } from '../sync-crypto.js';
  */
 export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
-  const { keyCache, metrics } = app.services;
+  const { keyCache, metrics, idempotency } = app.services;
   const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
     r.post(`/v1/${op}/:key`, {
-      config: { scope: op },
+      config: { scope: op, rateLimit: SYNC_RATE_LIMIT },
       schema: {
         tags: ['crypto'],
         summary: `${op[0]!.toUpperCase()}${op.slice(1)} items: answered in the response up to SYNC_MAX_ITEMS, else a batch (202)`,
@@ -33,30 +35,35 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       if (mode === 'sync' && items.length > syncMaxItems) {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
-      metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
-      if (goAsync) {
-        const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, async (intake) => {
-          for (const item of items) {
-            intake.add(Buffer.from(item, 'utf8'));
-            await intake.drain();
-          }
-        });
-        request.log.info({ tenant, batchId, op, total, route: 'async' }, 'request became a batch');
-        return reply.status(202).send({ batchId, status: 'queued', total });
-      }
 
-      const syncRequest = { op, items, encoding, maxItemBytes };
-      let ring = await keyCache.get(tenant, key);
-      let outcome = runSync(syncRequest, ring, kernel);
-      if (outcome.newerVersionSeen) {
-        // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
-        ring = await keyCache.get(tenant, key, { fresh: true });
-        outcome = runSync(syncRequest, ring, kernel);
-      }
-      metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
-      // The body is already JSON, written by the kernel; fastify sends a Buffer as it is, without
-      // the response schema's serializer (the schema documents the shape).
-      return reply.type('application/json; charset=utf-8').send(outcome.body as unknown as CryptoResponse);
+      const work = async (): Promise<Answer> => {
+        metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
+        if (goAsync) {
+          const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, async (intake) => {
+            for (const item of items) {
+              intake.add(Buffer.from(item, 'utf8'));
+              await intake.drain();
+            }
+          });
+          request.log.info({ tenant, batchId, op, total, route: 'async' }, 'request became a batch');
+          return jsonAnswer(202, { batchId, status: 'queued', total });
+        }
+        const syncRequest = { op, items, encoding, maxItemBytes };
+        let ring = await keyCache.get(tenant, key);
+        let outcome = runSync(syncRequest, ring, kernel);
+        if (outcome.newerVersionSeen) {
+          // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
+          ring = await keyCache.get(tenant, key, { fresh: true });
+          outcome = runSync(syncRequest, ring, kernel);
+        }
+        metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
+        // The body is already JSON, written by the kernel; fastify sends a Buffer as it is,
+        // without the response schema's serializer (the schema documents the shape).
+        return { status: 200, contentType: JSON_TYPE, body: outcome.body };
+      };
+      // The parsed body stands for the request: the same items, encoding and mode give the same JSON.
+      const fingerprintBody = request.headers['idempotency-key'] === undefined ? '' : JSON.stringify(request.body);
+      return answerOnce(idempotency, request, reply, tenant, fingerprintBody, work);
     });
   }
 }

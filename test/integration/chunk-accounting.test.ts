@@ -1,5 +1,7 @@
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { randomBytes } from 'node:crypto';
+import { AtRestSealer } from '../../shared/at-rest.js';
 import { BatchStore } from '../../shared/batch-store.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { testEnv } from '../helpers/env.js';
@@ -9,11 +11,12 @@ let redis: Redis;
 let subscriber: Redis;
 let store: BatchStore;
 const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+const sealer = new AtRestSealer(randomBytes(32));
 
 beforeAll(() => {
   redis = new Redis(env['REDIS_URL']!);
   subscriber = new Redis(env['REDIS_URL']!);
-  store = new BatchStore(redis, keys, 600);
+  store = new BatchStore(redis, keys, 600, sealer);
 });
 afterAll(async () => {
   await Promise.all([redis.quit(), subscriber.quit()]);
@@ -22,7 +25,7 @@ afterAll(async () => {
 const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, lines: Buffer.from(lines) });
 
 async function batchWithChunks(n: number): Promise<string> {
-  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 });
+  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
   for (let c = 0; c < n; c++) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
   return id;
 }
@@ -80,9 +83,9 @@ describe('chunk accounting', () => {
 
 describe('backlog', () => {
   it('counts items stored and not yet processed, and returns to zero when batches complete, fail or are cancelled', async () => {
-    const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), 600);
+    const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), 600, sealer);
     const make = async (chunks: number) => {
-      const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 });
+      const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
       for (let c = 0; c < chunks; c++) await own.addChunk(id, c, Buffer.from('x'), 10);
       return id;
     };

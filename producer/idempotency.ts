@@ -1,0 +1,133 @@
+import { createHash, hash } from 'node:crypto';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { AtRestSealer } from '../shared/at-rest.js';
+import { KeyfleetError } from '../shared/errors.js';
+import type { Redis, RedisKeys } from '../shared/redis.js';
+
+/** An answer as it was sent, kept to be sent again for the same key and request. */
+export interface Answer {
+  readonly status: number;
+  readonly contentType: string;
+  readonly body: Buffer;
+}
+
+type Entry = { fp: string; state: 'pending' } | { fp: string; state: 'done'; status: number; type: string; body: string };
+
+const HEADER = 'idempotency-key';
+const VALID_KEY = /^[\x20-\x7e]{1,255}$/;
+/**
+ * A claimed key whose request is still running stays claimed this long unless renewed: a crashed
+ * API frees it in time, and a long upload renews it (BatchIntake's keep-alive).
+ */
+export const PENDING_MS = 120_000;
+
+/** The request's Idempotency-Key, if it sent one; a malformed one is a 400. */
+export function idempotencyKeyOf(request: FastifyRequest): string | undefined {
+  const value = request.headers[HEADER];
+  if (value === undefined) return undefined;
+  if (typeof value !== 'string' || !VALID_KEY.test(value)) throw new KeyfleetError('KF_IDEMPOTENCY_KEY_INVALID');
+  return value;
+}
+
+/** What makes two requests "the same": method, path with query, and body. */
+export function requestFingerprint(request: FastifyRequest, body: string | Buffer): string {
+  return createHash('sha256').update(`${request.method} ${request.url}\n`).update(body).digest('hex');
+}
+
+/** Sends a stored answer again, marked as a replay. */
+export const replay = (reply: FastifyReply, answer: Answer): FastifyReply =>
+  reply.status(answer.status).header('idempotent-replayed', 'true').type(answer.contentType).send(answer.body);
+
+/**
+ * Idempotency-Key records in Redis, per tenant. The first request with a key claims it; the same
+ * key with the same request gets the first answer again without the work being done twice; with
+ * another request it is a 409. Answers may hold plaintexts (decrypt), so they are sealed at rest.
+ */
+export class IdempotencyStore {
+  readonly #redis: Redis;
+  readonly #keys: RedisKeys;
+  readonly #sealer: AtRestSealer;
+  readonly #ttlSeconds: number;
+
+  constructor(redis: Redis, keys: RedisKeys, sealer: AtRestSealer, ttlSeconds: number) {
+    this.#redis = redis;
+    this.#keys = keys;
+    this.#sealer = sealer;
+    this.#ttlSeconds = ttlSeconds;
+  }
+
+  /** The stored answer for this key, after checking it was given to the same request; undefined if none yet. */
+  async find(tenant: string, key: string, fingerprint: string | (() => Promise<string>)): Promise<Answer | undefined> {
+    const raw = await this.#redis.get(this.#slot(tenant, key));
+    if (!raw) return undefined;
+    const entry = JSON.parse(raw) as Entry;
+    if (entry.state === 'pending') throw new KeyfleetError('KF_IDEMPOTENCY_IN_PROGRESS', undefined, { retryAfterSeconds: 1 });
+    const fp = typeof fingerprint === 'string' ? fingerprint : await fingerprint();
+    if (fp !== entry.fp) throw new KeyfleetError('KF_IDEMPOTENCY_MISMATCH');
+    const body = this.#sealer.open('idempotency', this.#id(tenant, key), 'answer', Buffer.from(entry.body, 'base64'));
+    return { status: entry.status, contentType: entry.type, body };
+  }
+
+  /** Claims the key for a request about to run; a concurrent claim of the same key is a 409. */
+  async claim(tenant: string, key: string, fingerprint: string): Promise<void> {
+    const entry: Entry = { fp: fingerprint, state: 'pending' };
+    const claimed = await this.#redis.set(this.#slot(tenant, key), JSON.stringify(entry), 'PX', PENDING_MS, 'NX');
+    if (claimed !== 'OK') throw new KeyfleetError('KF_IDEMPOTENCY_IN_PROGRESS', undefined, { retryAfterSeconds: 1 });
+  }
+
+  /** Keeps a claim alive while its request runs long (a big upload). */
+  async renew(tenant: string, key: string): Promise<void> {
+    await this.#redis.pexpire(this.#slot(tenant, key), PENDING_MS);
+  }
+
+  /** Stores the answer. `fingerprint` may differ from the claim's (an upload's is known only at its end). */
+  async complete(tenant: string, key: string, fingerprint: string, answer: Answer): Promise<void> {
+    const body = this.#sealer.seal('idempotency', this.#id(tenant, key), 'answer', answer.body).toString('base64');
+    const entry: Entry = { fp: fingerprint, state: 'done', status: answer.status, type: answer.contentType, body };
+    await this.#redis.set(this.#slot(tenant, key), JSON.stringify(entry), 'EX', this.#ttlSeconds);
+  }
+
+  /** Frees a claim whose request failed, so that a retry may run. */
+  async release(tenant: string, key: string): Promise<void> {
+    await this.#redis.del(this.#slot(tenant, key));
+  }
+
+  // The key is the client's text: hashed, it makes a fixed-size Redis key and names nothing.
+  #id(tenant: string, key: string): string {
+    return hash('sha256', `${tenant}\n${key}`, 'hex');
+  }
+
+  #slot(tenant: string, key: string): string {
+    return this.#keys.idempotency(this.#id(tenant, key));
+  }
+}
+
+/**
+ * Runs `work` once per Idempotency-Key: without the header it just runs; with it, a repeat of
+ * the same request gets the stored answer, another request with the key a 409. A failed request
+ * frees its key so that it can be retried.
+ */
+export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<FastifyReply> {
+  const key = idempotencyKeyOf(request);
+  if (key === undefined) return send(reply, await work());
+  const fingerprint = requestFingerprint(request, body);
+  const stored = await store.find(tenant, key, fingerprint);
+  if (stored) return replay(reply, stored);
+  await store.claim(tenant, key, fingerprint);
+  let answer: Answer;
+  try {
+    answer = await work();
+  } catch (err) {
+    await store.release(tenant, key).catch(() => {});
+    throw err;
+  }
+  await store.complete(tenant, key, fingerprint, answer);
+  return send(reply, answer);
+}
+
+export const send = (reply: FastifyReply, answer: Answer): FastifyReply => reply.status(answer.status).type(answer.contentType).send(answer.body);
+
+export const JSON_TYPE = 'application/json; charset=utf-8';
+
+/** An answer of a JSON value. */
+export const jsonAnswer = (status: number, value: unknown): Answer => ({ status, contentType: JSON_TYPE, body: Buffer.from(JSON.stringify(value)) });

@@ -1,0 +1,41 @@
+import { hkdfSync, randomBytes } from 'node:crypto';
+import { gcmOpen, gcmSeal, KEY_BYTES, NONCE_BYTES } from './crypto/aes-gcm.js';
+
+/** What a sealed record is: batch chunk inputs and results, or an idempotent answer. */
+export type AtRestPurpose = 'batch' | 'idempotency';
+
+const SALT = Buffer.from('keyfleet-at-rest-v1', 'utf8');
+
+/**
+ * Everything keyfleet keeps in Redis that may hold a plaintext — batch inputs (encrypt), batch
+ * results (decrypt), idempotent answers — is sealed with AES-256-GCM under a data key derived
+ * with HKDF-SHA256 from the master key for that one batch or record. A Redis dump then holds no
+ * plaintext, and one record's data key opens no other. The associated data names the record
+ * and its part, so a chunk cannot be swapped for another chunk or another batch's.
+ */
+export class AtRestSealer {
+  readonly #master: Buffer;
+
+  constructor(masterKey: Buffer) {
+    if (masterKey.length !== KEY_BYTES) throw new Error(`at-rest sealer: expected a ${KEY_BYTES}-byte master key, got ${masterKey.length} bytes`);
+    this.#master = masterKey;
+  }
+
+  /** Returns nonce ‖ ciphertext ‖ tag. */
+  seal(purpose: AtRestPurpose, id: string, part: string, data: Buffer): Buffer {
+    return gcmSeal(this.#dataKey(purpose, id), randomBytes(NONCE_BYTES), aad(purpose, id, part), data);
+  }
+
+  /** Opens what `seal` made; throws (without detail) when it fails authentication. */
+  open(purpose: AtRestPurpose, id: string, part: string, sealed: Buffer): Buffer {
+    const data = gcmOpen(this.#dataKey(purpose, id), aad(purpose, id, part), sealed);
+    if (!data) throw new Error(`${purpose} ${id}: stored ${part} failed authentication (another master key, or tampered)`);
+    return data;
+  }
+
+  #dataKey(purpose: AtRestPurpose, id: string): Buffer {
+    return Buffer.from(hkdfSync('sha256', this.#master, SALT, `${purpose}:${id}`, KEY_BYTES));
+  }
+}
+
+const aad = (purpose: AtRestPurpose, id: string, part: string): Buffer => Buffer.from(`keyfleet-at-rest:${purpose}:${id}:${part}`, 'utf8');
