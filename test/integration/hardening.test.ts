@@ -1,0 +1,246 @@
+import type { FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../producer/app.js';
+import { bearer, configFrom, testEnv, type TestTenant } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
+
+// Each describe gets its own environment (prefix, master key, tokens) and its own limits.
+const apps: FastifyInstance[] = [];
+const redis = new Redis(testEnv().env['REDIS_URL']!);
+afterAll(async () => {
+  await Promise.all(apps.map((a) => a.close()));
+  await redis.quit();
+});
+
+async function api(env: Record<string, string>): Promise<FastifyInstance> {
+  const app = await buildApp({ config: configFrom(env) });
+  await app.ready();
+  apps.push(app);
+  return app;
+}
+
+const call = (app: FastifyInstance, who: TestTenant, method: 'GET' | 'POST' | 'DELETE', url: string, payload?: object | string, headers: Record<string, string> = {}) =>
+  app.inject({ method, url, headers: { ...bearer(who), ...headers }, ...(payload === undefined ? {} : { payload }) });
+
+const ndjson = (items: string[]) => items.map((i) => JSON.stringify(i)).join('\n') + '\n';
+const upload = (app: FastifyInstance, who: TestTenant, op: string, items: string[], headers: Record<string, string> = {}) =>
+  call(app, who, 'POST', `/v1/batches?op=${op}&key=serials`, ndjson(items), { 'content-type': 'application/x-ndjson', ...headers });
+
+/** Every string value stored under a prefix, raw bytes as latin1, to search for leaked plaintexts. */
+async function dumpPrefix(prefix: string): Promise<string> {
+  const keys = await redis.keys(`${prefix}*`);
+  const parts: string[] = [];
+  for (const key of keys) {
+    const type = await redis.type(key);
+    if (type === 'string') parts.push((await redis.getBuffer(key))?.toString('latin1') ?? '');
+    if (type === 'hash') parts.push(...Object.values(await redis.hgetallBuffer(key)).map((v) => v.toString('latin1')));
+    if (type === 'list') parts.push(...(await redis.lrangeBuffer(key, 0, -1)).map((v) => v.toString('latin1')));
+  }
+  return parts.join('\n');
+}
+
+describe('limits', () => {
+  const { env, admin, other } = testEnv({ MAX_BATCH_ITEMS: '100', MAX_ACTIVE_BATCHES: '2', MAX_ITEM_BYTES: '64', SYNC_MAX_ITEMS: '10', MAX_BODY_BYTES: '4096' });
+  let app: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+    for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+
+  it('refuses a body above MAX_BODY_BYTES with 413, and more items than SYNC_MAX_ITEMS in a sync request with 400', async () => {
+    const big = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'.repeat(5000)] });
+    expect(big.statusCode).toBe(413);
+    expect(big.json().error.code).toBe('KF_PAYLOAD_TOO_LARGE');
+    const many = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: Array(11).fill('x'), mode: 'sync' });
+    expect(many.statusCode).toBe(400);
+    expect(many.json().error).toMatchObject({ code: 'KF_SYNC_LIMIT', message: expect.stringContaining('at most 10') });
+  });
+
+  it('fails only the item above MAX_ITEM_BYTES, and an NDJSON line too long to be one, in their places', async () => {
+    const res = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['ok', 'y'.repeat(65), 'fine'] });
+    expect(res.json().results.map((r: any) => r.error?.code ?? 'ok')).toEqual(['ok', 'KF_ITEM_TOO_LARGE', 'ok']);
+    const batch = await upload(app, admin, 'encrypt', ['a', 'z'.repeat(2000), 'b']);
+    expect(batch.statusCode).toBe(202);
+    expect(batch.json().total).toBe(3);
+    await call(app, admin, 'DELETE', `/v1/batches/${batch.json().batchId}`);
+  });
+
+  it('refuses a batch of more than MAX_BATCH_ITEMS with 413, and that batch never runs', async () => {
+    const res = await upload(app, admin, 'encrypt', Array.from({ length: 101 }, (_, i) => `S-${i}`));
+    expect(res.statusCode).toBe(413);
+    expect(res.json().error).toMatchObject({ code: 'KF_BATCH_TOO_LARGE', message: expect.stringContaining('100') });
+  });
+
+  it('allows MAX_ACTIVE_BATCHES batches queued at once per tenant: the next is 429, other tenants are unaffected, and a slot frees when one ends', async () => {
+    const first = await upload(app, admin, 'encrypt', ['a']);
+    const second = await upload(app, admin, 'encrypt', ['b']);
+    expect([first.statusCode, second.statusCode]).toEqual([202, 202]);
+    const third = await upload(app, admin, 'encrypt', ['c']);
+    expect(third.statusCode).toBe(429);
+    expect(third.json().error.code).toBe('KF_TOO_MANY_BATCHES');
+    expect(Number(third.headers['retry-after'])).toBeGreaterThan(0);
+    expect((await upload(app, other, 'encrypt', ['d'])).statusCode).toBe(202);
+    await call(app, admin, 'DELETE', `/v1/batches/${first.json().batchId}`);
+    expect((await upload(app, admin, 'encrypt', ['e'])).statusCode).toBe(202);
+  });
+});
+
+describe('backpressure and rate limits', () => {
+  const { env, admin, other } = testEnv({ MAX_BACKLOG_ITEMS: '1000', SYNC_RATE_LIMIT: '5' });
+  let app: FastifyInstance;
+  let replica: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+    replica = await api(env);
+    for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+
+  it('answers new batches 429 with Retry-After once the queued backlog passes MAX_BACKLOG_ITEMS', async () => {
+    // No worker runs here: 1,200 items stay queued.
+    const first = await upload(app, admin, 'encrypt', Array.from({ length: 1200 }, (_, i) => `S-${i}`));
+    expect(first.statusCode).toBe(202);
+    const refused = await upload(app, other, 'encrypt', ['one more']);
+    expect(refused.statusCode).toBe(429);
+    expect(refused.json().error.code).toBe('KF_BACKLOG_FULL');
+    expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
+    // Cancelling gives the items back: batches are accepted again.
+    await call(app, admin, 'DELETE', `/v1/batches/${first.json().batchId}`);
+    expect((await upload(app, other, 'encrypt', ['now fine'])).statusCode).toBe(202);
+  });
+
+  it('limits a tenant’s sync requests per second across API replicas (shared in Redis), without touching other tenants', async () => {
+    const answers = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => call(i % 2 ? replica : app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] })),
+    );
+    const statuses = answers.map((a) => a.statusCode);
+    // 20 requests in one or two one-second windows of 5: most are refused, whichever replica took them.
+    expect(statuses.filter((s) => s === 200).length).toBeLessThanOrEqual(10);
+    const limited = answers.filter((a) => a.statusCode === 429);
+    expect(limited.length).toBeGreaterThanOrEqual(10);
+    expect(limited[0]!.json().error.code).toBe('KF_RATE_LIMITED');
+    expect(Number(limited[0]!.headers['retry-after'])).toBeGreaterThan(0);
+    // Both replicas refused some: the budget is the tenant's, not a replica's.
+    expect(new Set(answers.flatMap((a, i) => (a.statusCode === 429 ? [i % 2] : []))).size).toBe(2);
+    expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['x'] })).statusCode).toBe(200);
+  });
+});
+
+describe('idempotency', () => {
+  const { env, admin, other } = testEnv({ SYNC_MAX_ITEMS: '5' });
+  let app: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+    for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+
+  it('answers a repeated sync call with the same Idempotency-Key and body with the first answer, without encrypting again', async () => {
+    const key = { 'idempotency-key': 'order-1001' };
+    const first = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['LIC-1', 'LIC-2'] }, key);
+    const again = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['LIC-1', 'LIC-2'] }, key);
+    expect(first.statusCode).toBe(200);
+    // Random nonces: a second encryption could never give the same ciphertexts.
+    expect(again.json()).toEqual(first.json());
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    const fresh = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['LIC-1', 'LIC-2'] });
+    expect(fresh.json()).not.toEqual(first.json());
+  });
+
+  it('answers the same key with another body 409, and keeps keys apart per tenant', async () => {
+    const key = { 'idempotency-key': 'order-1002' };
+    expect((await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['A'] }, key)).statusCode).toBe(200);
+    const clash = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['B'] }, key);
+    expect(clash.statusCode).toBe(409);
+    expect(clash.json().error.code).toBe('KF_IDEMPOTENCY_MISMATCH');
+    expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['B'] }, key)).statusCode).toBe(200);
+  });
+
+  it('refuses a malformed Idempotency-Key with 400', async () => {
+    const res = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['A'] }, { 'idempotency-key': 'x'.repeat(300) });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().error.code).toBe('KF_IDEMPOTENCY_KEY_INVALID');
+  });
+
+  it('returns the same batch for a repeated upload with the same key, and 409 for another upload with it', async () => {
+    const items = Array.from({ length: 50 }, (_, i) => `SER-${i}`);
+    const key = { 'idempotency-key': 'import-2026-11-23' };
+    const first = await upload(app, admin, 'encrypt', items, key);
+    const again = await upload(app, admin, 'encrypt', items, key);
+    expect(first.statusCode).toBe(202);
+    expect(again.statusCode).toBe(202);
+    expect(again.json()).toEqual(first.json());
+    const batches = await redis.smembers(`${env['KEYFLEET_PREFIX']}:tenant:acme:batches`);
+    expect(batches).toEqual([first.json().batchId]);
+    const clash = await upload(app, admin, 'encrypt', [...items, 'one more'], key);
+    expect(clash.statusCode).toBe(409);
+    expect(clash.json().error.code).toBe('KF_IDEMPOTENCY_MISMATCH');
+    // A sync request that went async is idempotent the same way.
+    const asyncKey = { 'idempotency-key': 'big-sync-call' };
+    const viaSync = await call(app, admin, 'POST', '/v1/encrypt/serials', { items }, asyncKey);
+    expect(viaSync.statusCode).toBe(202);
+    expect((await call(app, admin, 'POST', '/v1/encrypt/serials', { items }, asyncKey)).json()).toEqual(viaSync.json());
+  });
+
+  it('frees the key of a request that failed, so that its retry runs', async () => {
+    const key = { 'idempotency-key': 'retry-me' };
+    const missing = await call(app, admin, 'POST', '/v1/encrypt/nokey', { items: ['A'] }, key);
+    expect(missing.statusCode).toBe(404);
+    expect((await call(app, admin, 'POST', '/v1/keys/nokey')).statusCode).toBe(201);
+    expect((await call(app, admin, 'POST', '/v1/encrypt/nokey', { items: ['A'] }, key)).statusCode).toBe(200);
+  });
+});
+
+describe('plaintext at rest', () => {
+  const { env, admin } = testEnv({ CHUNK_ITEMS: '100' });
+  let app: FastifyInstance;
+  let worker: RunningProcess | undefined;
+  const secrets = Array.from({ length: 300 }, (_, i) => `PLAINTEXT-SECRET-${i}-${'q'.repeat(i % 7)}`);
+  beforeAll(async () => {
+    app = await api(env);
+    expect((await call(app, admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+  afterAll(async () => {
+    await worker?.stop();
+  });
+
+  it('stores neither the inputs of encrypt batches nor the results of decrypt batches (nor idempotent answers) in clear, and DELETE removes them', async () => {
+    const prefix = env['KEYFLEET_PREFIX']!;
+    const queued = await upload(app, admin, 'encrypt', secrets);
+    expect(queued.statusCode).toBe(202);
+    // Queued, with no worker yet: the chunk inputs and job payloads are in Redis now.
+    let dump = await dumpPrefix(prefix);
+    expect(dump.length).toBeGreaterThan(0);
+    for (const s of secrets) expect(dump.includes(s)).toBe(false);
+
+    worker = await startWorker(env);
+    const encId = queued.json().batchId;
+    await waitFor(app, admin, encId);
+    const sealed = (await call(app, admin, 'GET', `/v1/batches/${encId}/results`)).body.trim().split('\n').map((l) => JSON.parse(l).ciphertext);
+    const dec = await upload(app, admin, 'decrypt', sealed);
+    await waitFor(app, admin, dec.json().batchId);
+    const opened = (await call(app, admin, 'GET', `/v1/batches/${dec.json().batchId}/results`)).body.trim().split('\n').map((l) => JSON.parse(l).plaintext);
+    expect(opened).toEqual(secrets);
+    const replayed = await call(app, admin, 'POST', '/v1/decrypt/serials', { items: sealed.slice(0, 3) }, { 'idempotency-key': 'peek' });
+    expect(replayed.json().results.map((r: any) => r.plaintext)).toEqual(secrets.slice(0, 3));
+
+    dump = await dumpPrefix(prefix);
+    for (const s of secrets) expect(dump.includes(s)).toBe(false);
+
+    // Everything of a batch expires, and DELETE removes its inputs and results at once.
+    const batchKeys = await redis.keys(`${prefix}:batch:${dec.json().batchId}*`);
+    for (const k of batchKeys) expect(await redis.ttl(k)).toBeGreaterThan(0);
+    expect((await call(app, admin, 'DELETE', `/v1/batches/${dec.json().batchId}`)).statusCode).toBe(200);
+    expect(await redis.keys(`${prefix}:batch:${dec.json().batchId}:*`)).toEqual([]);
+    expect((await call(app, admin, 'GET', `/v1/batches/${dec.json().batchId}/results`)).statusCode).toBe(410);
+  });
+});
+
+async function waitFor(app: FastifyInstance, who: TestTenant, id: string): Promise<void> {
+  for (let i = 0; i < 600; i++) {
+    const status = (await call(app, who, 'GET', `/v1/batches/${id}`)).json().status;
+    if (status === 'completed') return;
+    if (status !== 'queued' && status !== 'running') throw new Error(`batch ${id} ended ${status}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`batch ${id} did not complete`);
+}
