@@ -19,8 +19,7 @@ export interface IntakeOptions {
   readonly keepAlive?: () => void;
 }
 
-/** How often a long upload renews its lease (UPLOAD_LEASE_MS is far longer). */
-const KEEP_ALIVE_MS = 10_000;
+
 
 /**
  * Turns a stream of items into stored, queued chunks. Parsers call `add`/`reject` synchronously;
@@ -91,7 +90,7 @@ export class BatchIntake {
       if (this.#inFlight.length >= MAX_IN_FLIGHT) await this.#inFlight.shift();
     }
     const now = Date.now();
-    if (now - this.#aliveAt >= KEEP_ALIVE_MS) {
+    if (now - this.#aliveAt >= this.#store.keepAliveMs) {
       this.#aliveAt = now;
       this.#store.touchUpload(this.batchId).catch(() => {}); // a lapse shows up as an abandoned upload
       this.#options.keepAlive?.();

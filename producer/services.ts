@@ -37,7 +37,7 @@ export function createApiServices(config: Config): ApiServices {
   const queueRedis = createRedis(config, { role: 'api' });
   const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
   const events = new BatchEvents(createRedis(config, { role: 'subscriber' }), keys);
-  const batches = new BatchStore(redis, keys, config.resultTtlSeconds, sealer);
+  const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer });
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
   return {

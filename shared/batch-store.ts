@@ -136,11 +136,17 @@ export type ChunkCompletion = 'progress' | 'completed' | 'duplicate' | 'batch-go
 
 const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended' };
 
-/**
- * How long an upload stays alive without news: every stored chunk and every body piece (at most
- * every few seconds) renews it. An unsealed batch whose lease lapsed lost its API mid-upload.
- */
-export const UPLOAD_LEASE_MS = 60_000;
+export interface BatchStoreOptions {
+  /** How long status, inputs and results stay (RESULT_TTL_SECONDS). */
+  readonly resultTtlSeconds: number;
+  /**
+   * How long an upload stays alive without news (UPLOAD_IDLE_SECONDS): every stored chunk and
+   * the upload's keep-alive renew it. An unsealed batch whose lease lapsed lost its upload.
+   */
+  readonly uploadIdleSeconds: number;
+  /** Seals chunk inputs and results at rest. */
+  readonly sealer: AtRestSealer;
+}
 
 /**
  * Batch metadata, chunk inputs and chunk results in Redis. Inputs and results are sealed at
@@ -150,12 +156,14 @@ export class BatchStore {
   readonly #redis: Redis;
   readonly #keys: RedisKeys;
   readonly #ttl: number;
+  readonly #leaseMs: number;
   readonly #sealer: AtRestSealer;
 
-  constructor(redis: Redis, keys: RedisKeys, resultTtlSeconds: number, sealer: AtRestSealer) {
+  constructor(redis: Redis, keys: RedisKeys, { resultTtlSeconds, uploadIdleSeconds, sealer }: BatchStoreOptions) {
     this.#redis = redis;
     this.#keys = keys;
     this.#ttl = resultTtlSeconds;
+    this.#leaseMs = uploadIdleSeconds * 1000;
     this.#sealer = sealer;
     redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
     redis.defineCommand('kfChunkAdd', { numberOfKeys: 4, lua: ADD_CHUNK });
@@ -180,7 +188,7 @@ export class BatchStore {
     };
     // The meta key expires, so even a batch nobody reaps disappears in time.
     const created = await this.#redis.kfBatchCreate(
-      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batch(''), maxActive, this.#ttl, UPLOAD_LEASE_MS, id, ...Object.entries(fields).flat(),
+      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batch(''), maxActive, this.#ttl, this.#leaseMs, id, ...Object.entries(fields).flat(),
     );
     if (created !== 1) {
       throw new KeyfleetError('KF_TOO_MANY_BATCHES', `the tenant has ${maxActive} batches queued or running, the most allowed; retry when one ends`, { retryAfterSeconds: 5 });
@@ -192,13 +200,18 @@ export class BatchStore {
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
     const k = this.#keys;
     const sealed = this.#sealer.seal('batch', id, `in:${chunk}`, packed);
-    const added = await this.#redis.kfChunkAdd(k.batch(id), k.batchInputs(id), k.backlogItems(), k.batchUpload(id), chunk, sealed, count, this.#ttl, UPLOAD_LEASE_MS);
+    const added = await this.#redis.kfChunkAdd(k.batch(id), k.batchInputs(id), k.backlogItems(), k.batchUpload(id), chunk, sealed, count, this.#ttl, this.#leaseMs);
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');
+  }
+
+  /** How often an upload should renew its lease: well inside it. */
+  get keepAliveMs(): number {
+    return Math.min(10_000, this.#leaseMs / 3);
   }
 
   /** Renews the upload's lease while a slow body is still arriving. */
   async touchUpload(id: string): Promise<void> {
-    await this.#redis.pexpire(this.#keys.batchUpload(id), UPLOAD_LEASE_MS);
+    await this.#redis.pexpire(this.#keys.batchUpload(id), this.#leaseMs);
   }
 
   /** Fails the batch as KF_UPLOAD_ABORTED if its upload was abandoned (unsealed, lease lapsed). */

@@ -63,6 +63,11 @@ const envSchema = z.object({
    * batches get 429 with Retry-After. Each queued item holds about 100 bytes of Redis memory.
    */
   MAX_BACKLOG_ITEMS: int(1).default(20_000_000),
+  /**
+   * An upload that sends nothing for this long is abandoned (its client or API died): its batch
+   * fails as KF_UPLOAD_ABORTED and frees its tenant's slot, instead of staying queued.
+   */
+  UPLOAD_IDLE_SECONDS: int(3).default(60),
   /** Sync crypto requests per second per tenant, counted in Redis so replicas share it; 0 turns it off. */
   SYNC_RATE_LIMIT: int(0).default(5_000),
   /** How long an Idempotency-Key and the answer it gave are kept. */
@@ -100,6 +105,7 @@ export interface Config {
   readonly maxBatchItems: number;
   readonly maxActiveBatches: number;
   readonly maxBacklogItems: number;
+  readonly uploadIdleSeconds: number;
   readonly syncRateLimit: number;
   readonly idempotencyTtlSeconds: number;
   readonly workerMetricsPort: number;
@@ -151,6 +157,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     maxBatchItems: e.MAX_BATCH_ITEMS,
     maxActiveBatches: e.MAX_ACTIVE_BATCHES,
     maxBacklogItems: e.MAX_BACKLOG_ITEMS,
+    uploadIdleSeconds: e.UPLOAD_IDLE_SECONDS,
     syncRateLimit: e.SYNC_RATE_LIMIT,
     idempotencyTtlSeconds: e.IDEMPOTENCY_TTL_SECONDS,
     workerMetricsPort: e.WORKER_METRICS_PORT,

@@ -16,7 +16,7 @@ const sealer = new AtRestSealer(randomBytes(32));
 beforeAll(() => {
   redis = new Redis(env['REDIS_URL']!);
   subscriber = new Redis(env['REDIS_URL']!);
-  store = new BatchStore(redis, keys, 600, sealer);
+  store = new BatchStore(redis, keys, { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer });
 });
 afterAll(async () => {
   await Promise.all([redis.quit(), subscriber.quit()]);
@@ -83,7 +83,7 @@ describe('chunk accounting', () => {
 
 describe('backlog', () => {
   it('counts items stored and not yet processed, and returns to zero when batches complete, fail or are cancelled', async () => {
-    const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), 600, sealer);
+    const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer });
     const make = async (chunks: number) => {
       const id = await own.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
       for (let c = 0; c < chunks; c++) await own.addChunk(id, c, Buffer.from('x'), 10);

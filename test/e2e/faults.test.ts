@@ -1,0 +1,198 @@
+import type { FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../producer/app.js';
+import { Client } from '../helpers/client.js';
+import { configFrom, testEnv } from '../helpers/env.js';
+import { freePort } from '../helpers/net.js';
+import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+import { startOwnRedis, type OwnRedis } from '../helpers/redis-server.js';
+
+// Every fault here is real: processes get SIGKILL, Redis is killed and started again on its
+// AOF. Each test ends with a verdict on every item, and on the logs holding no secret.
+
+const serial = (n: number) => `FAULT-${String(n).padStart(7, '0')}-${(n * 7919) % 100_003}`;
+const running: RunningProcess[] = [];
+let ownRedis: OwnRedis;
+
+beforeAll(async () => {
+  ownRedis = await startOwnRedis();
+});
+afterAll(async () => {
+  await Promise.all(running.map((p) => p.stop(5_000)));
+  await ownRedis?.close();
+});
+
+async function stack(overrides: Record<string, string>) {
+  const made = testEnv({ REDIS_URL: ownRedis.url, ...overrides });
+  const port = await freePort();
+  const api = await startApi(made.env, port);
+  const worker = await startWorker(made.env);
+  running.push(api, worker);
+  const client = new Client(`http://127.0.0.1:${port}`, made.admin.token);
+  expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
+  return { ...made, api, worker, client, port };
+}
+
+async function statusOf(client: Client, id: string): Promise<any> {
+  return (await client.json('GET', `/v1/batches/${id}`)).body;
+}
+
+/** Every item once, in order, and each decrypts back to its original (via a second batch). */
+async function expectExactlyOnce(client: Client, id: string, originals: string[]): Promise<void> {
+  const done = await client.waitForBatch(id, 120_000);
+  expect(done).toMatchObject({ status: 'completed', total: originals.length, processed: originals.length, succeeded: originals.length, failed: 0 });
+  const lines = await client.results(id);
+  expect(lines).toHaveLength(originals.length);
+  lines.forEach((l, n) => expect(l.i).toBe(n));
+  expect(new Set(lines.map((l) => l.ciphertext)).size).toBe(originals.length);
+  const back = await client.uploadNdjson('decrypt', 'serials', lines.map((l) => l.ciphertext!));
+  await client.waitForBatch(back.body.batchId, 120_000);
+  expect((await client.results(back.body.batchId)).map((l) => l.plaintext)).toEqual(originals);
+}
+
+function expectNoSecrets(processes: RunningProcess[], secrets: string[]): void {
+  const logs = processes.flatMap((p) => p.lines).join('\n');
+  expect(logs.length).toBeGreaterThan(0);
+  for (const s of secrets) expect(logs.includes(s), 'a secret in the logs').toBe(false);
+}
+
+describe('faults', () => {
+  it('Redis killed and restarted on its AOF mid-batch: the batch completes with every item exactly once', async () => {
+    // One node:crypto thread, one chunk at a time: slow enough to be killed part way.
+    const { client, api, worker, admin } = await stack({ KEYFLEET_KERNEL: 'js', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1', CHUNK_ITEMS: '5000', JOB_LOCK_MS: '3000' });
+    const originals = Array.from({ length: 400_000 }, (_, i) => serial(i));
+    const submitted = await client.uploadNdjson('encrypt', 'serials', originals);
+    expect(submitted.status).toBe(202);
+    const id = submitted.body.batchId;
+    let before: any;
+    do {
+      await sleep(50);
+      before = await statusOf(client, id);
+    } while (before.processed < 20_000);
+    expect(before.processed).toBeLessThan(originals.length);
+
+    await ownRedis.kill();
+    await sleep(1_000);
+    await ownRedis.start();
+
+    await expectExactlyOnce(client, id, originals);
+    expectNoSecrets([api, worker], [admin.token, originals[0]!, originals[123_456]!]);
+  });
+
+  it('API killed mid-upload: the client sees an error, and the half-uploaded batch is never completed but fails as abandoned', async () => {
+    const { env, client, worker, admin } = await stack({ CHUNK_ITEMS: '1000', UPLOAD_IDLE_SECONDS: '3' });
+    const api = running.at(-2)!;
+    const redis = new Redis(ownRedis.url);
+    try {
+      const sent = Array.from({ length: 10_000 }, (_, i) => JSON.stringify(serial(i)) + '\n').join('');
+      let stop: () => void = () => {};
+      const stalled = new Promise<void>((resolve) => (stop = resolve));
+      // 10,000 items, then the body stalls as if the client were slow: the API dies meanwhile.
+      const body = new ReadableStream<Uint8Array>({
+        async start(controller) {
+          controller.enqueue(new TextEncoder().encode(sent));
+          await stalled;
+          controller.close();
+        },
+      });
+      const upload = fetch(`${client.base}/v1/batches?op=encrypt&key=serials`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/x-ndjson' },
+        body,
+        duplex: 'half',
+      } as RequestInit).then(
+        () => 'answered',
+        (err: Error) => err,
+      );
+      const tenantBatches = `${env['KEYFLEET_PREFIX']}:tenant:acme:batches`;
+      let id: string | undefined;
+      while (!id || Number(await redis.hget(`${env['KEYFLEET_PREFIX']}:batch:${id}`, 'total')) < 10_000) {
+        await sleep(50);
+        id = (await redis.smembers(tenantBatches))[0];
+      }
+      await api.kill();
+      expect(await upload).toBeInstanceOf(Error);
+      stop();
+
+      // A new API; the worker processes what was stored, and the batch never completes.
+      const port = await freePort();
+      const api2 = await startApi(env, port);
+      running.push(api2);
+      const client2 = new Client(`http://127.0.0.1:${port}`, admin.token);
+      const seen = new Set<string>();
+      let status: any;
+      for (let i = 0; i < 200; i++) {
+        status = await statusOf(client2, id);
+        seen.add(status.status);
+        if (status.status === 'failed') break;
+        await sleep(100);
+      }
+      expect(seen.has('completed')).toBe(false);
+      expect(status).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
+      const results = await client2.json('GET', `/v1/batches/${id}/results`);
+      expect(results.status).toBe(409);
+      expect(Number(await redis.get(`${env['KEYFLEET_PREFIX']}:backlog-items`))).toBe(0);
+      expectNoSecrets([api, api2, worker], [admin.token, serial(0), serial(9_999)]);
+    } finally {
+      await redis.quit();
+    }
+  });
+
+  it('Redis unreachable: the async path answers 503 with Retry-After, then recovers by itself, and the worker reconnects without help', async () => {
+    const { client, api, worker, admin } = await stack({});
+    expect((await client.uploadNdjson('encrypt', 'serials', ['warm-up'])).status).toBe(202);
+
+    await ownRedis.kill();
+    const down = await fetch(`${client.base}/v1/batches?op=encrypt&key=serials`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/x-ndjson' },
+      body: '"while-down"\n',
+    });
+    expect(down.status).toBe(503);
+    expect(((await down.json()) as any).error.code).toBe('KF_REDIS_UNAVAILABLE');
+    expect(Number(down.headers.get('retry-after'))).toBeGreaterThan(0);
+    expect((await fetch(`${client.base}/readyz`)).status).toBe(503);
+    await sleep(2_000);
+    await ownRedis.start();
+
+    const originals = Array.from({ length: 20_000 }, (_, i) => serial(i));
+    let accepted: { status: number; body: any } | undefined;
+    for (let i = 0; i < 100 && accepted?.status !== 202; i++) {
+      if (i > 0) await sleep(200);
+      accepted = await client.uploadNdjson('encrypt', 'serials', originals).catch(() => undefined);
+    }
+    expect(accepted?.status).toBe(202);
+    expect((await fetch(`${client.base}/readyz`)).status).toBe(200);
+    await expectExactlyOnce(client, accepted!.body.batchId, originals);
+    expectNoSecrets([api, worker], [admin.token, originals[0]!]);
+  });
+
+  it('a poison chunk (it fails on every attempt) ends its batch failed with the reason; other batches are unaffected', async () => {
+    const { env, admin } = testEnv({ CHUNK_ITEMS: '100', JOB_ATTEMPTS: '2' });
+    const app: FastifyInstance = await buildApp({ config: configFrom(env) });
+    const address = await app.listen({ host: '127.0.0.1', port: 0 });
+    const redis = new Redis(env['REDIS_URL']!);
+    try {
+      const client = new Client(address, admin.token);
+      expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
+      const poisoned = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 300 }, (_, i) => serial(i)));
+      // Chunk 1's stored input no longer opens: every run of it fails.
+      await redis.hset(`${env['KEYFLEET_PREFIX']}:batch:${poisoned.body.batchId}:in`, '1', Buffer.from('not a sealed chunk at all'));
+      const healthy = Array.from({ length: 300 }, (_, i) => serial(1_000 + i));
+      const fine = await client.uploadNdjson('encrypt', 'serials', healthy);
+
+      const worker = await startWorker(env);
+      running.push(worker);
+      const failed = await client.waitForBatch(poisoned.body.batchId);
+      expect(failed).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringMatching(/chunk 1 failed after 2 attempt/) } });
+      expect((await client.json('GET', `/v1/batches/${poisoned.body.batchId}/results`)).status).toBe(409);
+      await expectExactlyOnce(client, fine.body.batchId, healthy);
+      expectNoSecrets([worker], [admin.token, serial(150)]);
+    } finally {
+      await redis.quit();
+      await app.close();
+    }
+  });
+});
