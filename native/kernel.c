@@ -108,8 +108,8 @@ static void put_base64(out_t *o, const uint8_t *s, size_t n) {
   o->at += need;
 }
 
-// Strict base64: standard alphabet, length a multiple of 4, at most two '=' at the end.
-// Returns decoded length, or -1.
+// Canonical base64: standard alphabet, length a multiple of 4, at most two '=' at the end, and
+// the bits the padding leaves over zero (one spelling per byte string). Returns decoded length, or -1.
 static long decode_base64(const uint8_t *s, size_t n, uint8_t *d) {
   if (n % 4) return -1;
   size_t pad = 0;
@@ -125,6 +125,7 @@ static long decode_base64(const uint8_t *s, size_t n, uint8_t *d) {
       else if ((r = B64_REV[c]) < 0) return -1;
       v = (v << 6) | r;
     }
+    if (i + 4 == n && ((pad == 2 && (v & 0xFFFF)) || (pad == 1 && (v & 0xFF)))) return -1;
     d[out++] = (uint8_t)(v >> 16);
     if (!(i + 4 == n && pad == 2)) d[out++] = (uint8_t)(v >> 8);
     if (!(i + 4 == n && pad >= 1)) d[out++] = (uint8_t)v;
@@ -240,7 +241,7 @@ static long open_item(job_t *j, const uint8_t *s, size_t n) {
   size_t at = 4;
   uint64_t version = 0;
   while (at < n && at < 4 + 10 && s[at] >= '0' && s[at] <= '9') version = version * 10 + (s[at++] - '0');
-  if (at == 4 || at - 4 > 9 || at >= n || s[at] != ':' || version < 1) return -1 - E_DECRYPT_FAILED;
+  if (at == 4 || at - 4 > 9 || at >= n || s[at] != ':' || version < 1 || s[4] == '0') return -1 - E_DECRYPT_FAILED;
   at++;
   if (version > j->latest) { j->newer = 1; return -1 - E_DECRYPT_FAILED; }
   if (version < j->min_dec) return -1 - E_VERSION_DISABLED;

@@ -18,13 +18,19 @@ export interface ParsedCiphertext {
 }
 
 const MAX_VERSION_DIGITS = 9;
-const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+/**
+ * Canonical base64 (RFC 4648 §3.5): standard alphabet, padded, and the bits padding leaves over
+ * are zero. A lenient decoder would accept several spellings of one ciphertext; keyfleet accepts
+ * exactly the one it writes, so a ciphertext compares equal only to itself.
+ */
+export const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$/;
 
 /** Parses the textual format; undefined when it is not one (the caller reports the uniform decrypt error). */
 export function parseCiphertext(text: string): ParsedCiphertext | undefined {
   if (!text.startsWith('kf:v')) return undefined;
   const colon = text.indexOf(':', 4);
-  if (colon < 5 || colon - 4 > MAX_VERSION_DIGITS) return undefined;
+  // One spelling per version as well: no leading zeros.
+  if (colon < 5 || colon - 4 > MAX_VERSION_DIGITS || text.charCodeAt(4) === 48) return undefined;
   let version = 0;
   for (let i = 4; i < colon; i++) {
     const d = text.charCodeAt(i) - 48;
@@ -33,7 +39,7 @@ export function parseCiphertext(text: string): ParsedCiphertext | undefined {
   }
   if (version < 1) return undefined;
   const body = text.slice(colon + 1);
-  // Strict base64 (length a multiple of 4), exactly as the native kernel decodes it.
+  // Canonical base64, exactly as the native kernel decodes it.
   if (!BASE64.test(body)) return undefined;
   return { version, sealed: Buffer.from(body, 'base64') };
 }

@@ -1,7 +1,7 @@
 import { isUtf8 } from 'node:buffer';
 import type { ErrorCode } from '../errors.js';
 import { gcmOpen, gcmSealInto, NONCE_BYTES, TAG_BYTES } from './aes-gcm.js';
-import { formatCiphertext, parseCiphertext } from './format.js';
+import { BASE64, formatCiphertext, parseCiphertext } from './format.js';
 import type { KeyRing } from './key-ring.js';
 
 export type Encoding = 'utf8' | 'base64';
@@ -15,7 +15,6 @@ export function itemLimit(op: 'encrypt' | 'decrypt' | 'rewrap', encoding: Encodi
   return Math.ceil((maxPlaintextBytes + 28) / 3) * 4 + 16; // nonce + tag, base64, `kf:v{version}:`
 }
 
-const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /** Turns a caller's plaintext string into bytes; undefined when `base64` was promised and not kept. */
 export function plaintextBytes(text: string, encoding: Encoding): Buffer | undefined {

@@ -73,6 +73,26 @@ describe('the native kernel', () => {
     expect([native.succeeded, native.failed]).toEqual([2, 10]);
   });
 
+  it('accepts only the spelling of a ciphertext it writes: non-zero padding bits and leading-zero versions fail in both kernels', () => {
+    // Plaintext lengths 1 and 2 leave 28 + n sealed bytes: both padding shapes ('==' and '=') occur.
+    const cts = run('native', 'encrypt', ['a', 'bb', 'ccc']).lines.map((l) => l.ciphertext as string);
+    expect(cts.some((c) => c.endsWith('=='))).toBe(true);
+    expect(cts.some((c) => /[^=]=$/.test(c))).toBe(true);
+    const respell = (c: string): string => {
+      const pad = c.endsWith('==') ? 3 : c.endsWith('=') ? 2 : 0;
+      if (!pad) return c;
+      const at = c.length - pad; // the last character before the padding: flip a bit the padding discards
+      const alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+      return c.slice(0, at) + alphabet[alphabet.indexOf(c[at]!) ^ 1] + c.slice(at + 1);
+    };
+    const variants = [...cts.map(respell).filter((v, i) => v !== cts[i]), ...cts.map((c) => c.replace('kf:v2:', 'kf:v02:'))];
+    expect(variants.length).toBeGreaterThanOrEqual(5);
+    for (const kernel of ['js', 'native'] as const) {
+      expect(run(kernel, 'decrypt', cts).lines.map((l) => l.plaintext)).toEqual(['a', 'bb', 'ccc']);
+      expect(run(kernel, 'decrypt', variants).lines.map((l) => l.error?.code)).toEqual(variants.map(() => 'KF_DECRYPT_FAILED'));
+    }
+  });
+
   it('handles base64 plaintexts both ways like the js kernel', () => {
     const bytes = [Buffer.from([0, 255, 10]), Buffer.alloc(0), randomBytes(100)].map((b) => b.toString('base64'));
     const sealed = run('native', 'encrypt', [...bytes, 'not base64!'], 'base64');
