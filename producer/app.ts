@@ -1,11 +1,13 @@
 import { randomUUID } from 'node:crypto';
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import { ConfigError, type Config } from '../shared/config.js';
+import { KeyfleetError } from '../shared/errors.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
+import { clientErrorHandler } from './client-errors.js';
 import { adminRoutes } from './plugins/admin.js';
 import { authPlugin } from './plugins/auth.js';
 import { docsPlugin } from './plugins/docs.js';
@@ -33,6 +35,11 @@ export interface AppOptions {
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
 
+function frameworkErrors(error: FastifyError, _request: FastifyRequest, reply: FastifyReply): void {
+  const kf = new KeyfleetError(error.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 'KF_URI_TOO_LONG' : 'KF_BAD_REQUEST');
+  void reply.status(kf.status).send({ error: kf.toBody() });
+}
+
 /** Builds the API without listening. Everything it opens is closed by `app.close()`. */
 export async function buildApp({ config, logger }: AppOptions): Promise<FastifyInstance> {
   if (config.tokens.length === 0) {
@@ -43,6 +50,12 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   const app = Fastify({
     loggerInstance: (logger ?? createLogger({ level: config.logLevel, name: 'keyfleet-api' })) as FastifyBaseLogger,
     bodyLimit: config.maxBodyBytes,
+    clientErrorHandler,
+    // Errors the router raises before any route runs (a malformed URL, an overlong path
+    // parameter) get the same envelope as every other error.
+    frameworkErrors,
+    // Key names may be 128 characters; longer segments are refused as 414 without a lookup.
+    routerOptions: { maxParamLength: 256 },
     // A caller's request id is kept when it is sane, so one id follows a request into its batch.
     genReqId: (req) => {
       const given = req.headers['x-request-id'];

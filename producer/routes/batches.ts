@@ -21,8 +21,9 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const { batches } = app.services;
   const tags = ['batches'];
 
-  // Uploads are streamed into chunks by the route itself: hand it the raw body, unread.
-  app.removeContentTypeParser(['application/json']);
+  // Uploads are streamed into chunks by the route itself: hand it the raw body, unread. Only
+  // JSON and NDJSON are uploads; any other type (text/plain included) is a 415.
+  app.removeAllContentTypeParsers();
   for (const type of ['application/json', NDJSON]) {
     app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
