@@ -1,116 +1,11 @@
-import type { Result } from 'ioredis';
+import type { ChainableCommander } from 'ioredis';
 import { randomBytes } from 'node:crypto';
 import type { AtRestSealer } from './at-rest.js';
+import { defineBatchScripts } from './batch-scripts.js';
 import { CATALOGUE, KeyfleetError, type ErrorCode } from './errors.js';
 import type { Encoding } from './crypto/items.js';
 import type { Redis, RedisKeys } from './redis.js';
 import type { BatchOp, BatchStatus, BatchStatusBody } from './schemas.js';
-
-// All keys of one batch share the `{hash tag}` prefix, so each script runs in one cluster slot.
-// Progress is accounted only by these scripts; the `done` bitmap makes a chunk count once.
-const ADD_CHUNK = `
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'running' then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-redis.call('PEXPIRE', KEYS[4], ARGV[5])
-redis.call('HINCRBY', KEYS[1], 'total', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'chunks', 1)
-redis.call('INCRBY', KEYS[3], ARGV[3])
-return 1`;
-
-const COMPLETE_CHUNK = `
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if status == 'cancelled' or status == 'failed' then return -2 end
-if redis.call('SETBIT', KEYS[4], ARGV[1], 1) == 1 then return 0 end
-local ttl = tonumber(ARGV[6])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'processed', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'succeeded', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'failed', ARGV[4])
-local done = redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
-redis.call('DECRBY', KEYS[5], ARGV[2])
-redis.call('EXPIRE', KEYS[3], ttl)
-redis.call('EXPIRE', KEYS[4], ttl)
-if status == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running', 'startedAt', ARGV[7]) end
-if redis.call('HGET', KEYS[1], 'sealed') == '1' and done == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ARGV[7])
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('PUBLISH', ARGV[8], 'completed')
-  return 2
-end
-redis.call('PUBLISH', ARGV[8], 'progress')
-return 1`;
-
-const SEAL = `
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if status == 'cancelled' or status == 'failed' then return -2 end
-redis.call('HSET', KEYS[1], 'sealed', 1)
-redis.call('DEL', KEYS[2])
-if tonumber(redis.call('HGET', KEYS[1], 'chunksDone')) == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[2], 'completed')
-  return 2
-end
-redis.call('PUBLISH', ARGV[2], 'progress')
-return 1`;
-
-// With ARGV[5] = '1' it fails the batch only if its upload was abandoned: unsealed, no live upload.
-const FAIL = `
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status or status == 'completed' or status == 'failed' or status == 'cancelled' then return 0 end
-if ARGV[5] == '1' and (redis.call('HGET', KEYS[1], 'sealed') == '1' or redis.call('EXISTS', KEYS[4]) == 1) then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'failed', 'errorCode', ARGV[1], 'errorMessage', ARGV[2], 'finishedAt', ARGV[3])
-redis.call('DECRBY', KEYS[3], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
-redis.call('DEL', KEYS[2], KEYS[4])
-redis.call('PUBLISH', ARGV[4], 'failed')
-return 1`;
-
-const CANCEL = `
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-local changed = 0
-if status == 'queued' or status == 'running' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finishedAt', ARGV[1])
-  redis.call('DECRBY', KEYS[5], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
-  changed = 1
-end
-redis.call('HSET', KEYS[1], 'deleted', 1)
-redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[6])
-redis.call('PUBLISH', ARGV[2], 'cancelled')
-return changed`;
-
-// Admission: counts the tenant's batches still queued or running (forgetting ended ones) and
-// creates the new one only below the limit, atomically. Batch meta keys are built from ARGV[1];
-// they share the prefix's {hash tag}, so the script stays in one cluster slot.
-const CREATE = `
-local active = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local status = redis.call('HGET', ARGV[1] .. id, 'status')
-  if status == 'queued' or status == 'running' then active = active + 1 else redis.call('SREM', KEYS[1], id) end
-end
-if active >= tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 6))
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[3], 1, 'PX', ARGV[4])
-redis.call('SADD', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1`;
-
-declare module 'ioredis' {
-  interface RedisCommander<Context> {
-    kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, ttl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
-    kfChunkAdd(meta: string, inputs: string, backlog: string, upload: string, chunk: number, packed: Buffer, count: number, ttl: number, leaseMs: number): Result<number, Context>;
-    kfChunkComplete(meta: string, inputs: string, results: string, done: string, backlog: string, chunk: number, count: number, succeeded: number, failed: number, lines: Buffer, ttl: number, now: string, channel: string): Result<number, Context>;
-    kfBatchSeal(meta: string, upload: string, now: string, channel: string, ttl: number): Result<number, Context>;
-    kfBatchFail(meta: string, inputs: string, backlog: string, upload: string, code: string, message: string, now: string, channel: string, onlyIfAbandoned: '0' | '1'): Result<number, Context>;
-    kfBatchCancel(meta: string, inputs: string, results: string, done: string, backlog: string, upload: string, now: string, channel: string): Result<number, Context>;
-  }
-}
 
 export interface BatchSpec {
   readonly tenant: string;
@@ -165,12 +60,7 @@ export class BatchStore {
     this.#ttl = resultTtlSeconds;
     this.#leaseMs = uploadIdleSeconds * 1000;
     this.#sealer = sealer;
-    redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
-    redis.defineCommand('kfChunkAdd', { numberOfKeys: 4, lua: ADD_CHUNK });
-    redis.defineCommand('kfChunkComplete', { numberOfKeys: 5, lua: COMPLETE_CHUNK });
-    redis.defineCommand('kfBatchSeal', { numberOfKeys: 2, lua: SEAL });
-    redis.defineCommand('kfBatchFail', { numberOfKeys: 4, lua: FAIL });
-    redis.defineCommand('kfBatchCancel', { numberOfKeys: 6, lua: CANCEL });
+    defineBatchScripts(redis);
   }
 
   /**
@@ -199,8 +89,13 @@ export class BatchStore {
   /** Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch has ended. */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
     const k = this.#keys;
-    const sealed = this.#sealer.seal('batch', id, `in:${chunk}`, packed);
-    const added = await this.#redis.kfChunkAdd(k.batch(id), k.batchInputs(id), k.backlogItems(), k.batchUpload(id), chunk, sealed, count, this.#ttl, this.#leaseMs);
+    const input = k.batchInput(id, chunk);
+    const added = await pipelined(
+      this.#redis
+        .pipeline()
+        .set(input, this.#sealer.seal('batch', id, `in:${chunk}`, packed), 'EX', this.#ttl)
+        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), count, this.#leaseMs),
+    );
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');
   }
 
@@ -218,7 +113,7 @@ export class BatchStore {
   async failIfAbandoned(id: string): Promise<boolean> {
     const k = this.#keys;
     const message = 'the upload stopped before it was complete (its connection or API process died); nothing of it was processed as complete';
-    return (await this.#redis.kfBatchFail(k.batch(id), k.batchInputs(id), k.backlogItems(), k.batchUpload(id), 'KF_UPLOAD_ABORTED', message, new Date().toISOString(), k.batchEvents(id), '1')) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), 'KF_UPLOAD_ABORTED', message, new Date().toISOString(), k.batchEvents(id), '1', k.batch(id))) === 1;
   }
 
   /** Items stored and not yet processed, over every batch. */
@@ -233,21 +128,26 @@ export class BatchStore {
 
   /** The chunk's packed inputs, opened; null once counted, cancelled or expired. */
   async readInput(id: string, chunk: number): Promise<Buffer | null> {
-    const sealed = await this.#redis.hgetBuffer(this.#keys.batchInputs(id), String(chunk));
+    const sealed = await this.#redis.getBuffer(this.#keys.batchInput(id, chunk));
     return sealed && this.#sealer.open('batch', id, `in:${chunk}`, sealed);
   }
 
   /** The chunk's NDJSON result lines, opened; null when deleted or expired. */
   async readResults(id: string, chunk: number): Promise<Buffer | null> {
-    const sealed = await this.#redis.hgetBuffer(this.#keys.batchResults(id), String(chunk));
+    const sealed = await this.#redis.getBuffer(this.#keys.batchResult(id, chunk));
     return sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed);
   }
 
   async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; lines: Buffer }): Promise<ChunkCompletion> {
     const k = this.#keys;
-    const result = await this.#redis.kfChunkComplete(
-      k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id), k.backlogItems(),
-      chunk, outcome.count, outcome.succeeded, outcome.failed, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.lines), this.#ttl, new Date().toISOString(), k.batchEvents(id),
+    // Each run stages its lines under its own name; the script keeps the first run's.
+    const staged = k.batchStaged(id, chunk, randomBytes(6).toString('hex'));
+    const result = await pipelined(
+      this.#redis
+        .pipeline()
+        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.lines), 'EX', this.#ttl)
+        .kfChunkComplete(k.batch(id), k.batchInput(id, chunk), k.batchResult(id, chunk), k.batchDone(id), k.backlogItems(), staged,
+          chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id)),
     );
     return COMPLETION[String(result)] ?? 'progress';
   }
@@ -255,13 +155,13 @@ export class BatchStore {
   /** Ends a batch as failed (once); later chunk completions are ignored. */
   async fail(id: string, code: ErrorCode, message: string = CATALOGUE[code].message): Promise<boolean> {
     const k = this.#keys;
-    return (await this.#redis.kfBatchFail(k.batch(id), k.batchInputs(id), k.backlogItems(), k.batchUpload(id), code, message, new Date().toISOString(), k.batchEvents(id), '0')) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), code, message, new Date().toISOString(), k.batchEvents(id), '0', k.batch(id))) === 1;
   }
 
   /** Cancels what has not run and deletes inputs and results; the status record stays until its TTL. */
   async cancel(id: string): Promise<void> {
     const k = this.#keys;
-    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchInputs(id), k.batchResults(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id));
+    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id), k.batch(id));
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
   }
 
@@ -295,4 +195,11 @@ export class BatchStore {
 export function publicStatus(record: BatchRecord): BatchStatusBody {
   const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, sealed: _s, deleted: _d, ...body } = record;
   return body;
+}
+
+/** Runs a pipeline of a payload write and a script; the script's answer, or the first error. */
+async function pipelined(pipeline: ChainableCommander): Promise<unknown> {
+  const results = (await pipeline.exec()) ?? [];
+  for (const [err] of results) if (err) throw err;
+  return results.at(-1)?.[1];
 }

@@ -60,14 +60,19 @@ export class RedisKeys {
     return `${this.prefix}:batch:${id}`;
   }
 
-  /** Hash of chunk index → packed inputs. */
-  batchInputs(id: string): string {
-    return `${this.prefix}:batch:${id}:in`;
+  /** A chunk's packed inputs (sealed). The cancel and fail scripts build this name from batch(id). */
+  batchInput(id: string, chunk: number): string {
+    return `${this.batch(id)}:in:${chunk}`;
   }
 
-  /** Hash of chunk index → NDJSON result lines. */
-  batchResults(id: string): string {
-    return `${this.prefix}:batch:${id}:out`;
+  /** A chunk's NDJSON result lines (sealed). The cancel script builds this name from batch(id). */
+  batchResult(id: string, chunk: number): string {
+    return `${this.batch(id)}:out:${chunk}`;
+  }
+
+  /** One run's result lines, written before the completion script keeps or drops them. */
+  batchStaged(id: string, chunk: number, run: string): string {
+    return `${this.prefix}:batch:${id}:out:${chunk}:${run}`;
   }
 
   /** Bitmap of chunks already accounted: the guard that makes a chunk's completion idempotent. */

@@ -179,7 +179,7 @@ describe('faults', () => {
       expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
       const poisoned = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 300 }, (_, i) => serial(i)));
       // Chunk 1's stored input no longer opens: every run of it fails.
-      await redis.hset(`${env['KEYFLEET_PREFIX']}:batch:${poisoned.body.batchId}:in`, '1', Buffer.from('not a sealed chunk at all'));
+      await redis.set(`${env['KEYFLEET_PREFIX']}:batch:${poisoned.body.batchId}:in:1`, Buffer.from('not a sealed chunk at all'));
       const healthy = Array.from({ length: 300 }, (_, i) => serial(1_000 + i));
       const fine = await client.uploadNdjson('encrypt', 'serials', healthy);
 

@@ -39,6 +39,8 @@ describe('chunk accounting', () => {
     expect((await store.get(id))!).toMatchObject({ status: 'running', processed: 10, succeeded: 10 });
     expect((await store.readResults(id, 0))!.toString()).toBe('first\n');
     expect(await store.readInput(id, 0)).toBeNull();
+    // The second run's staged lines were dropped, not left behind.
+    expect((await redis.keys(`${keys.batch(id)}:out:*`)).sort()).toEqual([keys.batchResult(id, 0)]);
   });
 
   it('the batch completes exactly once and publishes one completion event', async () => {
@@ -77,7 +79,8 @@ describe('chunk accounting', () => {
     await store.cancel(id);
     expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('batch-ended');
     expect((await store.get(id))!).toMatchObject({ status: 'cancelled', processed: 10, deleted: true });
-    expect(await redis.exists(keys.batchInputs(id), keys.batchResults(id), keys.batchDone(id))).toBe(0);
+    // Nothing of the batch is left but its status record: no input, result or staged run.
+    expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
   });
 });
 
