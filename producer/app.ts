@@ -65,7 +65,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
 
-  const services = createApiServices(config);
+  const services = createApiServices(config, app.log as Logger);
   app.decorate('services', services);
   app.decorate('keyfleet', config);
   app.addHook('onReady', async () => app.log.info({ kernel }, 'crypto kernel'));

@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { BatchSpec } from '../shared/batch-store.js';
 import { itemLimit } from '../shared/crypto/items.js';
 import { KeyfleetError } from '../shared/errors.js';
+import { checkCallbackUrl } from '../shared/webhooks.js';
 import { BatchIntake } from './batch-intake.js';
 
 /**
@@ -16,8 +17,9 @@ export async function submitBatch(
   keepAlive?: () => void,
 ): Promise<{ batchId: string; total: number }> {
   const { batches, queue, keyCache } = app.services;
-  const { chunkItems, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems } = app.keyfleet;
-  const spec: BatchSpec = { ...request, chunkItems };
+  const { chunkItems, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems, webhookSecret, webhookAllowedHosts } = app.keyfleet;
+  const callbackUrl = request.callbackUrl === undefined ? undefined : checkCallbackUrl(request.callbackUrl, { secret: webhookSecret, allowedHosts: webhookAllowedHosts });
+  const spec: BatchSpec = { ...request, chunkItems, ...(callbackUrl ? { callbackUrl } : {}) };
   // Refused before any byte of the body is read: unknown key (404), full queue, too many batches (429).
   await keyCache.get(spec.tenant, spec.key);
   const backlog = await batches.backlogItems();
@@ -38,7 +40,7 @@ export async function submitBatch(
     await intake.finish();
   } catch (err) {
     const error = err instanceof KeyfleetError ? err : isAbort(err) ? new KeyfleetError('KF_UPLOAD_ABORTED', undefined, { cause: err }) : undefined;
-    await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => {});
+    if (await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) app.services.webhooks.deliver(batches, batchId);
     throw error ?? err;
   }
   return { batchId, total: intake.total };

@@ -8,7 +8,9 @@ import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
 import { createChunkQueue } from '../shared/queue.js';
+import type { Logger } from '../shared/logger.js';
 import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
+import { WebhookSender } from '../shared/webhooks.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
 import { IdempotencyStore } from './idempotency.js';
@@ -25,10 +27,11 @@ export interface ApiServices {
   readonly events: BatchEvents;
   readonly registry: Registry;
   readonly metrics: ApiMetrics;
+  readonly webhooks: WebhookSender;
   close(): Promise<void>;
 }
 
-export function createApiServices(config: Config): ApiServices {
+export function createApiServices(config: Config, logger: Logger): ApiServices {
   const redis = createRedis(config, { role: 'api' });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
@@ -40,6 +43,7 @@ export function createApiServices(config: Config): ApiServices {
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer });
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
+  const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   return {
     redis,
     keyStore,
@@ -50,8 +54,9 @@ export function createApiServices(config: Config): ApiServices {
     events,
     registry,
     metrics: new ApiMetrics(registry),
+    webhooks,
     async close() {
-      await Promise.allSettled([queue.close(), events.close()]);
+      await Promise.allSettled([queue.close(), events.close(), webhooks.close()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);
     },
   };

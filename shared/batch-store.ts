@@ -15,6 +15,8 @@ export interface BatchSpec {
   readonly requestId?: string;
   /** Items per chunk (the last may hold fewer): lets results be read from any item on. */
   readonly chunkItems: number;
+  /** Where the final status is POSTed (checked by checkCallbackUrl). */
+  readonly callbackUrl?: string;
 }
 
 export interface BatchRecord extends BatchStatusBody {
@@ -22,6 +24,7 @@ export interface BatchRecord extends BatchStatusBody {
   readonly encoding: Encoding;
   readonly chunks: number;
   readonly chunkItems: number;
+  readonly callbackUrl?: string;
   readonly sealed: boolean;
   readonly deleted: boolean;
 }
@@ -75,6 +78,7 @@ export class BatchStore {
     const fields = {
       id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, status: 'queued',
       total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
+      ...(spec.callbackUrl ? { callbackUrl: spec.callbackUrl } : {}),
     };
     // The meta key expires, so even a batch nobody reaps disappears in time.
     const created = await this.#redis.kfBatchCreate(
@@ -165,6 +169,11 @@ export class BatchStore {
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
   }
 
+  /** True for the one process that may send this batch's webhook. */
+  async claimWebhook(id: string): Promise<boolean> {
+    return (await this.#redis.set(this.#keys.batchWebhook(id), '1', 'EX', this.#ttl, 'NX')) === 'OK';
+  }
+
   async get(id: string): Promise<BatchRecord | undefined> {
     const f = await this.#redis.hgetall(this.#keys.batch(id));
     if (!f['id']) return undefined;
@@ -185,6 +194,7 @@ export class BatchStore {
       ...(f['errorCode'] ? { error: { code: f['errorCode'], message: f['errorMessage'] ?? '' } } : {}),
       chunks: n('chunks'),
       chunkItems: n('chunkItems'),
+      ...(f['callbackUrl'] ? { callbackUrl: f['callbackUrl'] } : {}),
       sealed: f['sealed'] === '1',
       deleted: f['deleted'] === '1',
     };
@@ -193,7 +203,7 @@ export class BatchStore {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, sealed: _s, deleted: _d, ...body } = record;
+  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, callbackUrl: _u, sealed: _s, deleted: _d, ...body } = record;
   return body;
 }
 

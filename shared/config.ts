@@ -70,6 +70,10 @@ const envSchema = z.object({
   UPLOAD_IDLE_SECONDS: int(3).default(60),
   /** Sync crypto requests per second per tenant, counted in Redis so replicas share it; 0 turns it off. */
   SYNC_RATE_LIMIT: int(0).default(5_000),
+  /** Signs webhooks (HMAC-SHA256); API and workers need the same one. Unset: callbackUrl is refused. */
+  WEBHOOK_SECRET: z.string().min(16, 'expected at least 16 characters').optional(),
+  /** Hosts webhooks may go to, comma-separated (`hooks.example.com`, `*.example.com`); empty: any. */
+  WEBHOOK_ALLOWED_HOSTS: z.string().default(''),
   /** How long an Idempotency-Key and the answer it gave are kept. */
   IDEMPOTENCY_TTL_SECONDS: int(60).default(86_400),
   /**
@@ -108,6 +112,8 @@ export interface Config {
   readonly uploadIdleSeconds: number;
   readonly syncRateLimit: number;
   readonly idempotencyTtlSeconds: number;
+  readonly webhookSecret: string | undefined;
+  readonly webhookAllowedHosts: readonly string[];
   readonly workerMetricsPort: number;
   readonly workerThreadNice: number;
   readonly kernel: 'auto' | 'native' | 'js';
@@ -124,7 +130,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {
       const name = issue.path.join('.');
-      const shown = name === 'KEYFLEET_MASTER_KEY' || name === 'KEYFLEET_TOKENS' ? '' : ` (got ${JSON.stringify(env[name])})`;
+      const shown = name === 'KEYFLEET_MASTER_KEY' || name === 'KEYFLEET_TOKENS' || name === 'WEBHOOK_SECRET' ? '' : ` (got ${JSON.stringify(env[name])})`;
       return `${name}: ${issue.message}${shown}`;
     });
     throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
@@ -160,6 +166,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     uploadIdleSeconds: e.UPLOAD_IDLE_SECONDS,
     syncRateLimit: e.SYNC_RATE_LIMIT,
     idempotencyTtlSeconds: e.IDEMPOTENCY_TTL_SECONDS,
+    webhookSecret: e.WEBHOOK_SECRET,
+    webhookAllowedHosts: Object.freeze(e.WEBHOOK_ALLOWED_HOSTS.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean)),
     workerMetricsPort: e.WORKER_METRICS_PORT,
     workerThreadNice: e.WORKER_THREAD_NICE,
     kernel: e.KEYFLEET_KERNEL,

@@ -27,6 +27,7 @@ export const CATALOGUE = {
   KF_URI_TOO_LONG: { status: 414, message: 'a path segment is longer than any key name or batch id' },
   KF_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are larger than the server accepts' },
   KF_REQUEST_TIMEOUT: { status: 408, message: 'the request did not arrive in time' },
+  KF_CALLBACK_URL_INVALID: { status: 400, message: 'callbackUrl is not an accepted http(s) URL' },
   KF_BATCH_TOO_LARGE: { status: 413, message: 'the batch holds more items than the configured limit' },
   KF_TOO_MANY_BATCHES: { status: 429, message: 'the tenant has too many batches queued or running; retry later' },
   KF_BACKLOG_FULL: { status: 429, message: 'the service has too many items queued; retry later' },

@@ -32,6 +32,8 @@ export const cryptoBody = z
     items: z.array(z.string()),
     encoding: encoding.default('utf8'),
     mode: z.enum(['auto', 'sync', 'async']).default('auto'),
+    /** When the request becomes a batch: where its final status is POSTed, signed. */
+    callbackUrl: z.string().max(2048).optional(),
   })
   .strict();
 export type CryptoBody = z.infer<typeof cryptoBody>;
@@ -51,6 +53,8 @@ export const createBatchQuery = z.object({
   op: batchOp,
   key: keyName,
   encoding: encoding.default('utf8'),
+  /** Where the final status is POSTed, signed with Keyfleet-Signature (WEBHOOK_SECRET). */
+  callbackUrl: z.string().max(2048).optional(),
 });
 export const resultsQuery = z.object({
   /** The first item to send: a client that lost its download resumes from the lines it kept. */
@@ -72,6 +76,16 @@ export const batchStatus = z.object({
   error: errorBody.optional(),
 });
 export type BatchStatusBody = z.infer<typeof batchStatus>;
+/** One line of a batch's results (NDJSON): the item's index and its result or error. */
+export const resultLine = z.object({
+  i: z.number().int(),
+  ciphertext: z.string().optional(),
+  plaintext: z.string().optional(),
+  error: errorBody.optional(),
+});
+export type ResultLine = z.infer<typeof resultLine>;
+export type BatchAccepted = z.infer<typeof batchAccepted>;
+export type ItemResult = z.infer<typeof itemResult>;
 
 // ---- queue ---------------------------------------------------------------------------------
 /** A queued chunk references its input in Redis; it never carries items itself. */

@@ -15,6 +15,8 @@ export interface ProcessorDeps {
   readonly logger: Logger;
   readonly maxItemBytes: number;
   readonly metrics: WorkerMetrics;
+  /** Called when this chunk's completion ended its batch (its webhook goes out). */
+  readonly onBatchEnded?: (batchId: string) => void;
 }
 
 export interface ChunkReport {
@@ -28,7 +30,7 @@ export interface ChunkReport {
  * the result in one script. Running the same chunk twice (crash, retry, stall) is harmless: the
  * script counts a chunk once, and a chunk already counted has had its inputs removed.
  */
-export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes, metrics }: ProcessorDeps) {
+export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes, metrics, onBatchEnded }: ProcessorDeps) {
   return async (job: Job<ChunkJobData>): Promise<ChunkReport> => {
     const parsed = chunkJobData.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid chunk job: ${parsed.error.issues.map((i) => i.path.join('.') + ' ' + i.message).join('; ')}`);
@@ -71,6 +73,7 @@ export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemB
     if (completion === 'completed') {
       metrics.batches.inc({ event: 'completed' });
       log.info({ op: data.op }, 'batch completed');
+      onBatchEnded?.(data.batchId);
     } else if (completion === 'duplicate') {
       log.info('chunk already counted; this run discarded');
     }

@@ -11,6 +11,7 @@ import { resolveKernel } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
+import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
 import { CryptoPool } from './pool.js';
 import { createChunkProcessor, type ChunkReport } from './processor.js';
@@ -32,10 +33,11 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerThreadNice });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
+  const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
     keys.queueName,
-    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes, metrics }),
+    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes, metrics, onBatchEnded: (id) => webhooks.deliver(batches, id) }),
     {
       connection: createRedis(config, { role: 'worker' }),
       prefix: keys.prefix,
@@ -59,6 +61,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
           if (!changed) return;
           metrics.batches.inc({ event: 'failed' });
           logger.warn({ batchId, requestId }, 'batch failed');
+          webhooks.deliver(batches, batchId);
         },
         (e: unknown) => logger.error({ err: e, batchId }, 'could not mark batch failed'),
       );
@@ -83,7 +86,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     async close() {
       draining = true;
       await worker.close();
-      await pool.close();
+      await Promise.all([pool.close(), webhooks.close()]);
       const closed = new Promise<void>((done) => http.server.close(() => done()));
       http.server.closeAllConnections();
       await closed;

@@ -29,14 +29,14 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   }
 
   r.post('/v1/batches', { config: { scope: 'batches' }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
-    const { op, key, encoding } = request.query;
+    const { op, key, encoding, callbackUrl } = request.query;
     const { tenant } = requireScope(request, op);
     const body = request.body as AsyncIterable<Buffer> | undefined;
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
-      const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, (intake) =>
+      const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}) }, (intake) =>
         ndjson ? readNdjsonItems(items, intake, maxLine) : readJsonItems(items, intake), keepAlive,
       );
       request.log.info({ tenant, batchId, op, total }, 'batch accepted');
@@ -67,11 +67,11 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   });
 
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
-    return publicStatus(await readableBatch(request, batches, request.params.id));
+    return publicStatus(await readableBatch(app, request, request.params.id));
   });
 
   r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery } }, async (request, reply) => {
-    const batch = await readableBatch(request, batches, request.params.id);
+    const batch = await readableBatch(app, request, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     if (batch.status !== 'completed') {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
@@ -81,13 +81,14 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
-    const batch = await readableBatch(request, batches, request.params.id);
+    const batch = await readableBatch(app, request, request.params.id);
     await streamBatchEvents(app, request, reply, batch.id);
   });
 
   r.delete('/v1/batches/:id', { schema: { tags, summary: 'Cancel what has not run and delete the results', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
-    const batch = await readableBatch(request, batches, request.params.id);
+    const batch = await readableBatch(app, request, request.params.id);
     await batches.cancel(batch.id);
+    app.services.webhooks.deliver(batches, batch.id);
     app.services.metrics.batches.inc({ event: 'cancelled' });
     request.log.info({ tenant: batch.tenant, batchId: batch.id }, 'batch cancelled and deleted');
     return publicStatus((await batches.get(batch.id)) ?? batch);
@@ -98,7 +99,8 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
  * The batch, if the caller may see it: another tenant's batch is 404 exactly like a missing one;
  * the `batches` scope or the scope of the batch's own operation grants access.
  */
-async function readableBatch(request: FastifyRequest, batches: BatchStore, id: string): Promise<BatchRecord> {
+async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: string): Promise<BatchRecord> {
+  const { batches, webhooks } = app.services;
   const principal = principalOf(request);
   let batch = await batches.get(id);
   if (!batch || batch.tenant !== principal.tenant) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
@@ -106,6 +108,7 @@ async function readableBatch(request: FastifyRequest, batches: BatchStore, id: s
   // An upload whose API died shows as failed, not as queued for ever.
   if (!batch.sealed && (batch.status === 'queued' || batch.status === 'running') && (await batches.failIfAbandoned(id))) {
     batch = (await batches.get(id)) ?? batch;
+    webhooks.deliver(batches, id);
   }
   return batch;
 }

@@ -29,7 +29,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       },
     }, async (request, reply) => {
       const { tenant } = principalOf(request);
-      const { items, encoding, mode } = request.body;
+      const { items, encoding, mode, callbackUrl } = request.body;
       const key = request.params.key;
       const goAsync = mode === 'async' || (mode === 'auto' && items.length > syncMaxItems);
       if (mode === 'sync' && items.length > syncMaxItems) {
@@ -39,7 +39,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       const work = async (): Promise<Answer> => {
         metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
         if (goAsync) {
-          const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id }, async (intake) => {
+          const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}) }, async (intake) => {
             for (const item of items) {
               intake.add(Buffer.from(item, 'utf8'));
               await intake.drain();

@@ -1,0 +1,155 @@
+import { createWriteStream, type WriteStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { once } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { BatchOp } from '../shared/schemas.js';
+import type { KeyfleetClient } from './client.js';
+import { LineMap, readLines, resumePoint } from './lines.js';
+import { Progress } from './progress.js';
+
+export interface BulkOptions {
+  readonly op: BatchOp;
+  readonly key: string;
+  readonly in?: string;
+  readonly out: string;
+  /** Lines are JSON strings (NDJSON) rather than raw text. */
+  readonly ndjson: boolean;
+  readonly encoding?: 'utf8' | 'base64';
+  /** Skip the upload: wait for this batch and download its results (appending to `out`). */
+  readonly resume?: string;
+  readonly idempotencyKey?: string;
+  readonly callbackUrl?: string;
+  /** Where messages go (stderr). */
+  readonly log: (line: string) => void;
+  readonly interactive?: boolean;
+}
+
+export interface BulkOutcome {
+  readonly batchId: string;
+  readonly total: number;
+  readonly succeeded: number;
+  readonly failed: number;
+  readonly status: string;
+}
+
+/** Per-item errors printed in full; after that only counted. */
+const ERRORS_SHOWN = 100;
+const DOWNLOAD_ATTEMPTS = 6;
+
+/**
+ * A file through a batch: stream its lines up as NDJSON, follow the batch's progress, then write
+ * one result per input line, in order, to `out`. A download cut short resumes where the file
+ * ends; `resume` picks a batch up again after the CLI itself was interrupted.
+ */
+export async function runBulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkOutcome> {
+  const { op, key, log } = options;
+  const lines = new LineMap();
+  let batchId = options.resume;
+  if (!batchId) {
+    if (!options.in) throw new Error('--in FILE is required (or --resume BATCH_ID)');
+    const input = options.in;
+    const size = (await stat(input)).size;
+    const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
+    const started = Date.now();
+    const accepted = await client.createBatchFromNdjson(
+      { op, key, ...(options.encoding ? { encoding: options.encoding } : {}), ...(options.idempotencyKey ? { idempotencyKey: options.idempotencyKey } : {}), ...(options.callbackUrl ? { callbackUrl: options.callbackUrl } : {}) },
+      () => ndjsonPieces(input, options.ndjson, lines, (read) => upload.update(read, size, started)),
+    );
+    upload.stop();
+    batchId = accepted.batchId;
+    log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
+  } else if (options.in && options.ndjson) {
+    for await (const _ of ndjsonPieces(options.in, true, lines));
+  }
+
+  const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
+  const final = await client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)));
+  progress.stop();
+  if (final.status !== 'completed') {
+    const reason = final.error ? `: ${final.error.code} ${final.error.message}` : '';
+    throw new Error(`batch ${batchId} ended ${final.status}${reason}`);
+  }
+
+  const written = await download(client, batchId, options, lines);
+  if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
+  return { batchId, total: final.total, succeeded: final.succeeded, failed: final.failed, status: final.status };
+}
+
+/** The input as NDJSON pieces of about 256 KB; plain lines become JSON strings. */
+async function* ndjsonPieces(path: string, ndjson: boolean, lines: LineMap, onBytes?: (read: number) => void): AsyncGenerator<string> {
+  lines.reset();
+  let piece = '';
+  let lineNo = 0;
+  for await (const line of readLines(path, onBytes)) {
+    lineNo++;
+    if (ndjson) {
+      if (line.trim() === '') continue; // the API skips blank NDJSON lines: no item
+      piece += line + '\n';
+    } else {
+      piece += JSON.stringify(line) + '\n';
+    }
+    lines.push(lineNo);
+    if (piece.length >= 262_144) {
+      yield piece;
+      piece = '';
+    }
+  }
+  if (piece) yield piece;
+}
+
+/** Writes the results to `out` from where it ends, retrying a broken download from there. */
+async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<number> {
+  let written = options.resume ? await resumePoint(options.out) : 0;
+  let errorsShown = 0;
+  const out = createWriteStream(options.out, { flags: written > 0 ? 'a' : 'w' });
+  try {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        // `written` counts what is on disk; lines still in `buffer` are `pending`.
+        let buffer = '';
+        let pending = 0;
+        for await (const line of client.resultLines(batchId, { from: written })) {
+          const { value, error } = resultValue(line);
+          if (error) {
+            if (errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(written + pending)}: ${error.code} ${error.message}`);
+            buffer += options.ndjson ? 'null\n' : '\n';
+          } else {
+            buffer += (options.ndjson ? JSON.stringify(value) : value) + '\n';
+          }
+          if (++pending >= 4096) {
+            await write(out, buffer);
+            written += pending;
+            buffer = '';
+            pending = 0;
+          }
+        }
+        await write(out, buffer);
+        written += pending;
+        break;
+      } catch (err) {
+        if (attempt >= DOWNLOAD_ATTEMPTS || (err as { status?: number }).status !== undefined) throw err;
+        options.log(`keyfleet: download interrupted after ${written.toLocaleString('en-US')} results (${(err as Error).message}); resuming`);
+        // Whatever was read is on disk: resume from the first result not yet written.
+        await sleep(500 * attempt);
+      }
+    }
+  } finally {
+    out.end();
+    await once(out, 'close');
+  }
+  if (errorsShown > ERRORS_SHOWN) options.log(`… and ${errorsShown - ERRORS_SHOWN} more failed items`);
+  return written;
+}
+
+/** A result line's value, or its error. Ciphertext lines (the common case) skip JSON.parse. */
+function resultValue(line: string): { value?: string; error?: { code: string; message: string } } {
+  const marker = line.indexOf('"ciphertext":"');
+  if (marker !== -1 && line.endsWith('"}')) return { value: line.slice(marker + 14, -2) };
+  const parsed = JSON.parse(line) as { ciphertext?: string; plaintext?: string; error?: { code: string; message: string } };
+  if (parsed.error) return { error: parsed.error };
+  return { value: parsed.ciphertext ?? parsed.plaintext ?? '' };
+}
+
+async function write(out: WriteStream, text: string): Promise<void> {
+  if (text && !out.write(text)) await once(out, 'drain');
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env node
+import { createWriteStream } from 'node:fs';
+import { once } from 'node:events';
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { projectVersion } from '../shared/project-root.js';
+import { KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
+import type { BatchOp } from '../shared/schemas.js';
+import { runBulk } from './bulk.js';
+import { KeyfleetApiError, KeyfleetClient } from './client.js';
+
+/** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
+const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
+
+const log = (line: string): void => void process.stderr.write(line + '\n');
+const print = (value: unknown): void => void process.stdout.write(JSON.stringify(value, null, 2) + '\n');
+
+function clientOf(command: Command): KeyfleetClient {
+  const { url, token } = command.optsWithGlobals<{ url?: string; token?: string }>();
+  if (!url) throw new InvalidArgumentError('the API URL is missing: set KEYFLEET_URL or pass --url');
+  if (!token) throw new InvalidArgumentError('the token is missing: set KEYFLEET_TOKEN or pass --token');
+  return new KeyfleetClient({ url, token });
+}
+
+const positiveInt = (value: string): number => {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`expected a whole number ≥ 0, got ${JSON.stringify(value)}`);
+  return n;
+};
+
+const program = new Command('keyfleet')
+  .description('Encrypt, decrypt and re-key files of secrets through a keyfleet service.')
+  .version(projectVersion())
+  .addOption(new Option('--url <url>', 'the API, e.g. http://127.0.0.1:8080').env('KEYFLEET_URL'))
+  .addOption(new Option('--token <token>', 'a bearer token').env('KEYFLEET_TOKEN'))
+  .showHelpAfterError('(run with --help for usage)');
+
+for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
+  program
+    .command(op)
+    .description(`${op} a file, one item per line (or NDJSON with --ndjson), through a batch; results in input order`)
+    .requiredOption('-k, --key <name>', 'the key')
+    .option('-i, --in <file>', 'the input file (required unless --resume)')
+    .requiredOption('-o, --out <file>', 'where the results go, one per input line (a failed item leaves its line empty, or null with --ndjson)')
+    .option('--ndjson', 'input and output lines are JSON strings', false)
+    .addOption(new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
+    .option('--resume <batchId>', 'pick up an earlier batch: wait for it and download the rest of its results into --out')
+    .option('--idempotency-key <key>', 'makes a retried upload return the same batch instead of a second one')
+    .option('--callback-url <url>', 'the service POSTs the final status here, signed')
+    .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials --in serials.txt --out serials.${op === 'decrypt' ? 'txt' : 'enc'}`)
+    .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string }, command: Command) => {
+      const client = clientOf(command);
+      process.once('SIGINT', () => {
+        log('\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume <batchId>, printed above)');
+        process.exit(EXIT.interrupted);
+      });
+      const started = Date.now();
+      const outcome = await runBulk(client, { op, ...opts, log });
+      const seconds = (Date.now() - started) / 1000;
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${op}ed into ${opts.out} in ${seconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
+      process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
+    });
+}
+
+const keys = program.command('keys').description('create, show and rotate keys (material never leaves the service)');
+keys
+  .command('create <name>')
+  .description('create a key (or find it, if it exists with the same type)')
+  .addOption(new Option('--type <type>', 'the key type').choices([...KEY_TYPES]))
+  .action(async (name: string, opts: { type?: KeyType }, command: Command) => {
+    const { created, ...info } = await clientOf(command).createKey(name, opts.type);
+    log(created ? `keyfleet: key ${name} created` : `keyfleet: key ${name} exists`);
+    print(info);
+  });
+keys.command('show <name>').description('show a key’s metadata').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).getKey(name)));
+keys.command('rotate <name>').description('add a version; new ciphertexts use it').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).rotateKey(name)));
+
+const batch = program.command('batch').description('status, cancellation and results of a batch');
+batch.command('status <id>').description('show a batch’s status and counts').action(async (id: string, _opts: unknown, command: Command) => print(await clientOf(command).batch(id)));
+batch.command('cancel <id>').description('cancel what has not run and delete the results').action(async (id: string, _opts: unknown, command: Command) => print(await clientOf(command).cancelBatch(id)));
+batch
+  .command('results <id>')
+  .description('write a batch’s result lines (NDJSON, input order) to stdout or --out')
+  .option('-o, --out <file>', 'write to a file instead of stdout')
+  .option('--from <n>', 'start at item n', positiveInt, 0)
+  .action(async (id: string, opts: { out?: string; from: number }, command: Command) => {
+    const out = opts.out ? createWriteStream(opts.out) : process.stdout;
+    for await (const line of clientOf(command).resultLines(id, { from: opts.from })) {
+      if (!out.write(line + '\n')) await once(out, 'drain');
+    }
+    if (opts.out) {
+      out.end();
+      await once(out, 'close');
+    }
+  });
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  if (err instanceof KeyfleetApiError) log(`keyfleet: ${err.message}`);
+  else if (err instanceof InvalidArgumentError) log(`keyfleet: ${err.message}`);
+  else log(`keyfleet: ${(err as Error).message}`);
+  process.exitCode = EXIT.error;
+}

@@ -1,0 +1,245 @@
+import type { z } from 'zod';
+import {
+  batchAccepted,
+  batchStatus,
+  cryptoResponse,
+  keyInfo,
+  resultLine,
+  type BatchAccepted,
+  type BatchOp,
+  type BatchStatusBody,
+  type CryptoResponse,
+  type KeyInfo,
+  type ResultLine,
+} from '../shared/schemas.js';
+import type { KeyType } from '../shared/crypto/key-ring.js';
+import { withRetries, type RetryOptions } from './retry.js';
+import { readServerEvents } from './sse.js';
+
+export interface ClientOptions {
+  /** The API's base URL, e.g. `http://127.0.0.1:8080`. */
+  readonly url: string;
+  /** A bearer token of `KEYFLEET_TOKENS`. */
+  readonly token: string;
+  /** Retries of 429 and 503 answers (Retry-After honoured). */
+  readonly retry?: RetryOptions;
+}
+
+/** An error answer of the API: its HTTP status and its stable `KF_…` code. */
+export class KeyfleetApiError extends Error {
+  override name = 'KeyfleetApiError';
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(`${code} (HTTP ${status}): ${message}`);
+  }
+}
+
+export interface CryptoOptions {
+  readonly encoding?: 'utf8' | 'base64';
+  readonly mode?: 'auto' | 'sync' | 'async';
+  /** Makes a retry of this call safe: the same key and request give the first answer again. */
+  readonly idempotencyKey?: string;
+}
+
+export interface BatchRequest {
+  readonly op: BatchOp;
+  readonly key: string;
+  readonly encoding?: 'utf8' | 'base64';
+  readonly idempotencyKey?: string;
+  /** Where the API POSTs the final status, signed (see verifyWebhookSignature). */
+  readonly callbackUrl?: string;
+}
+
+/** What a sync call answers: the results, or (above SYNC_MAX_ITEMS, or `mode: "async"`) a batch. */
+export type CryptoAnswer = ({ kind: 'results' } & CryptoResponse) | ({ kind: 'batch' } & BatchAccepted);
+
+/** A body the client can send again on retry: a factory of its pieces. */
+export type BodySource = () => AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>;
+
+const encoder = new TextEncoder();
+
+/**
+ * A typed client of every keyfleet route, over fetch. Answers are checked against the same zod
+ * schemas the API validates with; 429 and 503 are retried with backoff, honouring Retry-After.
+ */
+export class KeyfleetClient {
+  readonly url: string;
+  readonly #token: string;
+  readonly #retry: RetryOptions;
+
+  constructor({ url, token, retry = {} }: ClientOptions) {
+    if (!/^https?:\/\//.test(url)) throw new Error(`keyfleet client: expected an http(s) URL, got ${JSON.stringify(url)}`);
+    if (!token) throw new Error('keyfleet client: a token is required (KEYFLEET_TOKEN)');
+    this.url = url.replace(/\/+$/, '');
+    this.#token = token;
+    this.#retry = retry;
+  }
+
+  // ---- keys -----------------------------------------------------------------------------
+  async createKey(name: string, type?: KeyType): Promise<KeyInfo & { created: boolean }> {
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, type ? { type } : undefined);
+    return { ...(await this.#json(res, keyInfo)), created: res.status === 201 };
+  }
+
+  async getKey(name: string): Promise<KeyInfo> {
+    return this.#json(await this.#send('GET', `/v1/keys/${encodeURIComponent(name)}`), keyInfo);
+  }
+
+  async rotateKey(name: string): Promise<KeyInfo> {
+    return this.#json(await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/rotate`), keyInfo);
+  }
+
+  async setMinDecryptionVersion(name: string, minDecryptionVersion: number): Promise<KeyInfo> {
+    return this.#json(await this.#send('PATCH', `/v1/keys/${encodeURIComponent(name)}`, { minDecryptionVersion }), keyInfo);
+  }
+
+  // ---- sync crypto ----------------------------------------------------------------------
+  encrypt(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+    return this.#crypto('encrypt', key, items, options);
+  }
+
+  decrypt(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+    return this.#crypto('decrypt', key, items, options);
+  }
+
+  rewrap(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+    return this.#crypto('rewrap', key, items, options);
+  }
+
+  // ---- batches --------------------------------------------------------------------------
+  /** Uploads items (strings) as NDJSON, streamed; `items` is called again if the upload is retried. */
+  createBatch(request: BatchRequest, items: () => AsyncIterable<string> | Iterable<string>): Promise<BatchAccepted> {
+    return this.createBatchFromNdjson(request, async function* () {
+      // Lines are gathered into pieces of about 64 KB: one write per item would dominate.
+      let piece = '';
+      for await (const item of items()) {
+        piece += JSON.stringify(item) + '\n';
+        if (piece.length >= 65_536) {
+          yield piece;
+          piece = '';
+        }
+      }
+      if (piece) yield piece;
+    });
+  }
+
+  /** Uploads an NDJSON body (one JSON string per line) as it is, streamed. */
+  async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted> {
+    const query = new URLSearchParams({ op: request.op, key: request.key, ...(request.encoding ? { encoding: request.encoding } : {}), ...(request.callbackUrl ? { callbackUrl: request.callbackUrl } : {}) });
+    const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', ...(request.idempotencyKey ? { 'idempotency-key': request.idempotencyKey } : {}) };
+    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body });
+    return this.#json(res, batchAccepted, 202);
+  }
+
+  async batch(id: string): Promise<BatchStatusBody> {
+    return this.#json(await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}`), batchStatus);
+  }
+
+  /** The batch's status now and at every change, ending with its final status. */
+  async *events(id: string, signal?: AbortSignal): AsyncGenerator<BatchStatusBody & { final: boolean }> {
+    const res = await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}/events`, undefined, signal ? { signal } : {});
+    if (!res.ok || !res.body) throw await apiError(res);
+    for await (const { event, data } of readServerEvents(res.body)) {
+      const status = batchStatus.safeParse(JSON.parse(data));
+      if (!status.success) throw new Error(`batch ${id}: an event that is not a status: ${data.slice(0, 200)}`);
+      yield { ...status.data, final: event === 'done' };
+      if (event === 'done') return;
+    }
+  }
+
+  /** Waits for the batch's final status (completed, failed or cancelled). */
+  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void): Promise<BatchStatusBody> {
+    for await (const status of this.events(id)) {
+      onProgress?.(status);
+      if (status.final) return status;
+    }
+    throw new Error(`batch ${id}: the event stream ended without a final status`);
+  }
+
+  /** The result lines as the API sends them (NDJSON, input order), from item `from` on. */
+  async *resultLines(id: string, { from = 0, signal }: { from?: number; signal?: AbortSignal } = {}): AsyncGenerator<string> {
+    const res = await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}/results${from ? `?from=${from}` : ''}`, undefined, signal ? { signal } : {});
+    if (!res.ok || !res.body) throw await apiError(res);
+    const decoder = new TextDecoder();
+    let carry = '';
+    for await (const piece of res.body) {
+      const text = carry + decoder.decode(piece, { stream: true });
+      const lines = text.split('\n');
+      carry = lines.pop()!;
+      for (const line of lines) if (line) yield line;
+    }
+    if (carry) yield carry;
+  }
+
+  /** The results, parsed, in input order, from item `from` on. */
+  async *results(id: string, options: { from?: number; signal?: AbortSignal } = {}): AsyncGenerator<ResultLine> {
+    for await (const line of this.resultLines(id, options)) yield resultLine.parse(JSON.parse(line));
+  }
+
+  /** Cancels what has not run and deletes the results. */
+  async cancelBatch(id: string): Promise<BatchStatusBody> {
+    return this.#json(await this.#send('DELETE', `/v1/batches/${encodeURIComponent(id)}`), batchStatus);
+  }
+
+  // ---- operations -----------------------------------------------------------------------
+  async health(): Promise<boolean> {
+    return (await this.#send('GET', '/healthz')).ok;
+  }
+
+  async ready(): Promise<boolean> {
+    return (await fetch(`${this.url}/readyz`)).ok;
+  }
+
+  // ---- plumbing -------------------------------------------------------------------------
+  async #crypto(op: BatchOp, key: string, items: readonly string[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
+    const { idempotencyKey, ...rest } = options;
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, idempotencyKey ? { headers: { 'idempotency-key': idempotencyKey } } : {});
+    if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
+    return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
+  }
+
+  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal } = {}): Promise<Response> {
+    const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
+    return withRetries(() => {
+      const init: RequestInit & { duplex?: 'half' } = { method, headers, ...(extra.signal ? { signal: extra.signal } : {}) };
+      if (json !== undefined) init.body = JSON.stringify(json);
+      if (extra.stream) {
+        init.body = toStream(extra.stream());
+        init.duplex = 'half'; // a streamed request body (undici)
+      }
+      return fetch(this.url + path, init);
+    }, this.#retry);
+  }
+
+  async #json<S extends z.ZodType>(res: Response, schema: S, expected = 0): Promise<z.infer<S>> {
+    if (!res.ok || (expected && res.status !== expected)) throw await apiError(res);
+    return schema.parse(await res.json());
+  }
+}
+
+async function apiError(res: Response): Promise<KeyfleetApiError> {
+  const text = await res.text().catch(() => '');
+  try {
+    const { error } = JSON.parse(text) as { error: { code: string; message: string } };
+    return new KeyfleetApiError(res.status, error.code, error.message);
+  } catch {
+    return new KeyfleetApiError(res.status, 'KF_UNEXPECTED_ANSWER', text.slice(0, 200) || res.statusText);
+  }
+}
+
+function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>): ReadableStream<Uint8Array> {
+  const iterator = (Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : source[Symbol.iterator]()) as AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string>;
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const { value, done } = await iterator.next();
+      if (done) controller.close();
+      else controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
+    },
+    async cancel() {
+      await iterator.return?.();
+    },
+  });
+}

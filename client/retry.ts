@@ -1,0 +1,38 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+
+export interface RetryOptions {
+  /** Attempts in all, the first included (default 5). */
+  readonly attempts?: number;
+  /** The first backoff; it doubles with each retry, with jitter (default 250 ms). */
+  readonly baseDelayMs?: number;
+  /** No single wait is longer than this, Retry-After included (default 30 s). */
+  readonly maxDelayMs?: number;
+}
+
+/** The statuses worth retrying: the service asked for patience (429) or is briefly without Redis (503). */
+export const RETRYABLE = new Set([429, 503]);
+
+/**
+ * How long to wait before attempt `attempt` (1 = the first retry): the server's Retry-After
+ * (seconds or an HTTP date) when it sent one, else exponential backoff with full jitter.
+ */
+export function retryDelayMs(attempt: number, retryAfter: string | null, { baseDelayMs = 250, maxDelayMs = 30_000 }: RetryOptions = {}): number {
+  if (retryAfter) {
+    const seconds = Number(retryAfter);
+    const ms = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(retryAfter) - Date.now();
+    if (Number.isFinite(ms)) return Math.min(Math.max(ms, 0), maxDelayMs);
+  }
+  return Math.min(baseDelayMs * 2 ** (attempt - 1) * (0.5 + Math.random() / 2), maxDelayMs);
+}
+
+/** Runs `send` until it answers something other than 429/503, or the attempts run out. */
+export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}): Promise<Response> {
+  const attempts = options.attempts ?? 5;
+  for (let attempt = 1; ; attempt++) {
+    const res = await send();
+    if (!RETRYABLE.has(res.status) || attempt >= attempts) return res;
+    const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
+    await res.body?.cancel().catch(() => {});
+    await sleep(wait);
+  }
+}

@@ -1,0 +1,177 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeyfleetApiError, KeyfleetClient, retryDelayMs } from '../../client/index.js';
+import { testEnv } from '../helpers/env.js';
+import { freePort } from '../helpers/net.js';
+import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+
+const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
+const { env, admin } = testEnv({ CHUNK_ITEMS: '5000' });
+let api: RunningProcess;
+let worker: RunningProcess;
+let url: string;
+let dir: string;
+
+beforeAll(async () => {
+  const port = await freePort();
+  [api, worker] = await Promise.all([startApi(env, port), startWorker(env)]);
+  url = `http://127.0.0.1:${port}`;
+  dir = mkdtempSync(join(tmpdir(), 'keyfleet-cli-'));
+});
+afterAll(async () => {
+  await Promise.all([worker?.stop(), api?.stop()]);
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+/** Runs the built CLI as a user would; resolves with its exit status and output. */
+function keyfleet(args: string[], extraEnv: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((done, fail) => {
+    const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, cwd: dir });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 90_000);
+    child.on('error', fail);
+    child.on('exit', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
+  });
+}
+
+const path = (name: string) => join(dir, name);
+
+describe('the keyfleet CLI', () => {
+  it('answers --help for itself and every command, and says what is missing', async () => {
+    for (const args of [['--help'], ['encrypt', '--help'], ['keys', '--help'], ['batch', 'results', '--help']]) {
+      const { code, stdout } = await keyfleet(args);
+      expect(code).toBe(0);
+      expect(stdout).toMatch(/^Usage: keyfleet/);
+    }
+    const missing = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: '' });
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toContain('KEYFLEET_URL');
+  });
+
+  it('encrypts a 50,000-line file with progress into 50,000 ciphertexts in order, and decrypt gives the file back byte for byte', async () => {
+    expect((await keyfleet(['keys', 'create', 'serials'])).code).toBe(0);
+    const original = Array.from({ length: 50_000 }, (_, i) => `SN-${String(i + 1).padStart(7, '0')}-${((i * 2654435761) >>> 0).toString(36)}${i % 97 === 0 ? ' ünïcode ✓' : ''}`).join('\n') + '\n';
+    writeFileSync(path('serials.txt'), original);
+
+    const sealed = await keyfleet(['encrypt', '--key', 'serials', '--in', 'serials.txt', '--out', 'serials.enc']);
+    expect(sealed.code).toBe(0);
+    // Not a terminal: plain progress lines, then the summary.
+    expect(sealed.stderr).toMatch(/keyfleet: upload .* MB \(\d+%\)/);
+    expect(sealed.stderr).toMatch(/keyfleet: encrypt 50,000\/50,000 items \(100%\), [\d,]+ items\/s/);
+    expect(sealed.stderr).toContain('50,000 of 50,000 items encrypted into serials.enc');
+    const lines = readFileSync(path('serials.enc'), 'utf8').split('\n');
+    expect(lines.pop()).toBe('');
+    expect(lines).toHaveLength(50_000);
+    for (const line of lines) expect(line).toMatch(/^kf:v1:[A-Za-z0-9+/]+=*$/);
+
+    const opened = await keyfleet(['decrypt', '--key', 'serials', '--in', 'serials.enc', '--out', 'serials.dec']);
+    expect(opened.code).toBe(0);
+    expect(readFileSync(path('serials.dec')).equals(Buffer.from(original))).toBe(true);
+  });
+
+  it('reports failed items with their line numbers and exits 2, keeping every other line in place', async () => {
+    const good = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 3);
+    writeFileSync(path('mixed.enc'), [good[0], 'kf:v1:AAAA', good[1], 'not a ciphertext', good[2]].join('\n') + '\n');
+    const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'mixed.enc', '--out', 'mixed.dec']);
+    expect(code).toBe(2);
+    expect(stderr).toContain('line 2: KF_DECRYPT_FAILED');
+    expect(stderr).toContain('line 4: KF_DECRYPT_FAILED');
+    expect(stderr).toContain('3 of 5 items decrypted');
+    const out = readFileSync(path('mixed.dec'), 'utf8').split('\n');
+    expect(out.slice(0, 5)).toEqual(['SN-0000001-0 ünïcode ✓', '', 'SN-0000002-17wdrqp', '', 'SN-0000003-grnhia']);
+  });
+
+  it('resumes an interrupted download where the output file ends, even mid-line', async () => {
+    const full = readFileSync(path('serials.dec'));
+    const submitted = await keyfleet(['encrypt', '--key', 'serials', '--in', 'serials.dec', '--out', 'again.enc']);
+    expect(submitted.code).toBe(0);
+    const batchId = /batch (\S+) accepted/.exec(submitted.stderr)![1]!;
+    const complete = readFileSync(path('again.enc'));
+    // As if the CLI had died: the file holds 12,345 lines and part of the next.
+    const cut = complete.indexOf('\n', complete.indexOf('kf:', 12_345 * 60)) + 20;
+    truncateSync(path('again.enc'), cut);
+    const resumed = await keyfleet(['encrypt', '--key', 'serials', '--resume', batchId, '--out', 'again.enc']);
+    expect(resumed.code).toBe(0);
+    expect(readFileSync(path('again.enc')).equals(complete)).toBe(true);
+    // And those ciphertexts decrypt back to the source.
+    await keyfleet(['decrypt', '--key', 'serials', '--in', 'again.enc', '--out', 'again.dec']);
+    expect(readFileSync(path('again.dec')).equals(full)).toBe(true);
+  });
+
+  it('manages keys and batches: keys show/rotate, batch status/results/cancel', async () => {
+    const rotated = await keyfleet(['keys', 'rotate', 'serials']);
+    expect(JSON.parse(rotated.stdout)).toMatchObject({ name: 'serials', latestVersion: 2 });
+    expect(JSON.parse((await keyfleet(['keys', 'show', 'serials'])).stdout).latestVersion).toBe(2);
+    writeFileSync(path('three.txt'), 'a\nb\nc\n');
+    const run = await keyfleet(['encrypt', '--key', 'serials', '--in', 'three.txt', '--out', 'three.enc']);
+    const batchId = /batch (\S+) accepted/.exec(run.stderr)![1]!;
+    expect(JSON.parse((await keyfleet(['batch', 'status', batchId])).stdout)).toMatchObject({ id: batchId, status: 'completed', total: 3 });
+    const results = (await keyfleet(['batch', 'results', batchId, '--from', '1'])).stdout.trim().split('\n').map((l) => JSON.parse(l));
+    expect(results.map((r) => r.i)).toEqual([1, 2]);
+    expect(results[0].ciphertext).toMatch(/^kf:v2:/);
+    expect(JSON.parse((await keyfleet(['batch', 'cancel', batchId])).stdout).id).toBe(batchId);
+    const gone = await keyfleet(['batch', 'results', batchId]);
+    expect(gone.code).toBe(1);
+    expect(gone.stderr).toContain('KF_BATCH_DELETED');
+  });
+});
+
+describe('the typed client', () => {
+  it('covers the routes with typed answers and KF_ errors', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    expect(await client.health()).toBe(true);
+    expect(await client.ready()).toBe(true);
+    const sealed = await client.encrypt('serials', ['one', 'two']);
+    expect(sealed.kind).toBe('results');
+    const cts = sealed.kind === 'results' ? sealed.results.map((r) => ('ciphertext' in r ? r.ciphertext : '')) : [];
+    const opened = await client.decrypt('serials', cts);
+    expect(opened.kind === 'results' && opened.results).toEqual([{ plaintext: 'one' }, { plaintext: 'two' }]);
+    const batch = await client.createBatch({ op: 'encrypt', key: 'serials' }, () => ['x', 'y', 'z']);
+    const final = await client.waitForBatch(batch.batchId);
+    expect(final).toMatchObject({ status: 'completed', succeeded: 3 });
+    const lines = [];
+    for await (const line of client.results(batch.batchId, { from: 1 })) lines.push(line);
+    expect(lines.map((l) => l.i)).toEqual([1, 2]);
+    const error = await client.getKey('missing').catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(KeyfleetApiError);
+    expect(error).toMatchObject({ status: 404, code: 'KF_KEY_NOT_FOUND' });
+  });
+
+  it('retries 429 and 503 honouring Retry-After (seconds or HTTP date), then gives up', async () => {
+    expect(retryDelayMs(1, '2')).toBe(2000);
+    expect(retryDelayMs(1, new Date(Date.now() + 3_000).toUTCString())).toBeGreaterThan(1_000);
+    const arrivals: number[] = [];
+    let answer503 = 1;
+    const server: Server = createServer((_req, res) => {
+      arrivals.push(Date.now());
+      if (answer503-- > 0) {
+        res.writeHead(503, { 'retry-after': '1', 'content-type': 'application/json' }).end('{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"later"}}');
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ name: 'k', type: 'aes256-gcm96', latestVersion: 1, minDecryptionVersion: 1, createdAt: 'now' }));
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    try {
+      const { port } = server.address() as { port: number };
+      const client = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: 't', retry: { attempts: 3 } });
+      expect((await client.getKey('k')).name).toBe('k');
+      expect(arrivals).toHaveLength(2);
+      // The client waited at least what the server asked for.
+      expect(arrivals[1]! - arrivals[0]!).toBeGreaterThanOrEqual(950);
+      answer503 = 10;
+      arrivals.length = 0;
+      const fast = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: 't', retry: { attempts: 2, maxDelayMs: 10 } });
+      await expect(fast.getKey('k')).rejects.toMatchObject({ status: 503, code: 'KF_REDIS_UNAVAILABLE' });
+      expect(arrivals).toHaveLength(2);
+    } finally {
+      await new Promise((ok) => server.close(ok));
+    }
+  });
+});

@@ -1,0 +1,105 @@
+import type { FastifyInstance } from 'fastify';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { verifyWebhookSignature } from '../../client/index.js';
+import { buildApp } from '../../producer/app.js';
+import { Client } from '../helpers/client.js';
+import { configFrom, testEnv } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
+
+const SECRET = 'whsec_test_0123456789abcdef';
+const { env, admin } = testEnv({ WEBHOOK_SECRET: SECRET, WEBHOOK_ALLOWED_HOSTS: '127.0.0.1' });
+let app: FastifyInstance;
+let worker: RunningProcess;
+let client: Client;
+let receiver: Server;
+let receiverUrl: string;
+interface Delivery {
+  readonly headers: IncomingHttpHeaders;
+  readonly body: string;
+  readonly answered: number;
+}
+const deliveries: Delivery[] = [];
+/** Answers queued for the next deliveries (then 200). */
+const answers: number[] = [];
+
+beforeAll(async () => {
+  receiver = createServer((req, res) => {
+    let body = '';
+    req.setEncoding('utf8');
+    req.on('data', (d) => (body += d));
+    req.on('end', () => {
+      const answered = answers.shift() ?? 200;
+      deliveries.push({ headers: req.headers, body, answered });
+      res.writeHead(answered).end();
+    });
+  });
+  await new Promise<void>((ok) => receiver.listen(0, '127.0.0.1', ok));
+  receiverUrl = `http://127.0.0.1:${(receiver.address() as { port: number }).port}/hooks/keyfleet`;
+  app = await buildApp({ config: configFrom(env) });
+  client = new Client(await app.listen({ host: '127.0.0.1', port: 0 }), admin.token);
+  worker = await startWorker(env);
+  expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
+});
+afterAll(async () => {
+  await worker?.stop();
+  await app?.close();
+  await new Promise((ok) => receiver?.close(ok));
+});
+
+async function deliveriesFor(batchId: string, count: number): Promise<Delivery[]> {
+  for (let i = 0; i < 300; i++) {
+    const mine = deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId);
+    if (mine.length >= count) return mine;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`batch ${batchId}: fewer than ${count} webhook deliveries`);
+}
+
+describe('webhooks', () => {
+  it('POSTs the final status of a completed batch, signed; a receiver verifies the real signature, and a failed delivery is retried', async () => {
+    answers.push(500); // the first attempt fails: the worker must try again
+    const query = `&callbackUrl=${encodeURIComponent(receiverUrl)}`;
+    const submitted = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 2_000 }, (_, i) => `S-${i}`), query);
+    expect(submitted.status).toBe(202);
+    const [first, second] = await deliveriesFor(submitted.body.batchId, 2);
+    expect(first!.answered).toBe(500);
+    expect(second!.answered).toBe(200);
+    const status = JSON.parse(second!.body);
+    expect(status).toMatchObject({ id: submitted.body.batchId, status: 'completed', total: 2_000, succeeded: 2_000 });
+    expect(second!.headers['keyfleet-event']).toBe('batch.completed');
+    expect(second!.headers['content-type']).toBe('application/json');
+
+    const signature = second!.headers['keyfleet-signature'] as string;
+    expect(signature).toMatch(/^t=\d+,v1=[0-9a-f]{64}$/);
+    expect(verifyWebhookSignature(SECRET, signature, second!.body)).toBe(true);
+    // A changed body, another secret, a stale timestamp or no header: refused.
+    expect(verifyWebhookSignature(SECRET, signature, second!.body.replace('2000', '2001'))).toBe(false);
+    expect(verifyWebhookSignature('whsec_someone_else_entirely', signature, second!.body)).toBe(false);
+    expect(verifyWebhookSignature(SECRET, signature, second!.body, { now: Math.floor(Date.now() / 1000) + 3_600 })).toBe(false);
+    expect(verifyWebhookSignature(SECRET, undefined, second!.body)).toBe(false);
+    // The delivery names no secret: the status, as GET /v1/batches/{id} answers it.
+    expect(Object.keys(status).sort()).toEqual(Object.keys((await client.json('GET', `/v1/batches/${submitted.body.batchId}`)).body).sort());
+  });
+
+  it('sends the cancelled status when a batch is deleted', async () => {
+    await worker.stop(); // nothing runs: the batch stays queued until it is cancelled
+    const submitted = await client.uploadNdjson('encrypt', 'serials', ['a', 'b'], `&callbackUrl=${encodeURIComponent(receiverUrl)}`);
+    expect((await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`)).status).toBe(200);
+    const [delivery] = await deliveriesFor(submitted.body.batchId, 1);
+    expect(JSON.parse(delivery!.body)).toMatchObject({ status: 'cancelled' });
+    expect(verifyWebhookSignature(SECRET, delivery!.headers['keyfleet-signature'] as string, delivery!.body)).toBe(true);
+    worker = await startWorker(env);
+  });
+
+  it('refuses callback URLs that are not http(s), carry credentials, or name a host off the allow-list', async () => {
+    for (const bad of ['ftp://127.0.0.1/x', 'file:///etc/passwd', 'javascript:alert(1)', 'http://user:pw@127.0.0.1/x', 'http://10.0.0.1/hook', 'http://example.com/hook', 'not a url']) {
+      const res = await client.uploadNdjson('encrypt', 'serials', ['a'], `&callbackUrl=${encodeURIComponent(bad)}`);
+      expect(res.status, bad).toBe(400);
+      expect(res.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
+    }
+    const viaSync = await client.json('POST', '/v1/encrypt/serials', { items: ['a'], mode: 'async', callbackUrl: 'gopher://127.0.0.1/' });
+    expect(viaSync.status).toBe(400);
+    expect(viaSync.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
+  });
+});
