@@ -1,9 +1,19 @@
-/** A small HTTP client for the tests: real requests over loopback with fetch. */
+import { KeyfleetClient } from '../../client/index.js';
+import type { ResultLine } from '../../shared/schemas.js';
+
+/**
+ * The tests' HTTP client: raw requests (status and body as sent, for the error cases) over
+ * loopback, and the typed client (`typed`, the one the CLI uses) for results.
+ */
 export class Client {
+  readonly typed: KeyfleetClient;
+
   constructor(
     readonly base: string,
     readonly token: string,
-  ) {}
+  ) {
+    this.typed = new KeyfleetClient({ url: base, token, retry: { attempts: 1 } });
+  }
 
   async json<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
     const res = await fetch(this.base + path, {
@@ -37,11 +47,10 @@ export class Client {
     }
   }
 
-  /** Downloads a batch's results and parses every NDJSON line. */
-  async results(id: string, from = 0): Promise<Array<{ i: number; ciphertext?: string; plaintext?: string; error?: { code: string } }>> {
-    const res = await fetch(`${this.base}/v1/batches/${id}/results${from ? `?from=${from}` : ''}`, { headers: { authorization: `Bearer ${this.token}` } });
-    if (res.status !== 200) throw new Error(`results of ${id}: HTTP ${res.status} ${await res.text()}`);
-    const text = await res.text();
-    return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  /** Downloads a batch's results through the typed client: streamed, every line checked against the schema. */
+  async results(id: string, from = 0): Promise<ResultLine[]> {
+    const lines: ResultLine[] = [];
+    for await (const line of this.typed.results(id, { from })) lines.push(line);
+    return lines;
   }
 }
