@@ -13,6 +13,10 @@ export interface SyncRequest {
   readonly items: readonly string[];
   readonly encoding: Encoding;
   readonly maxItemBytes: number;
+  /** Each item's context (bound as associated data), where one was given. */
+  readonly contexts?: ReadonlyArray<string | undefined>;
+  /** Rewrap into this key instead of the latest version of the same key (migration). */
+  readonly target?: KeyRing;
 }
 
 export interface SyncOutcome {
@@ -35,7 +39,8 @@ const CLOSE = ']}';
  * the kernel writes the response body itself; without it, node:crypto item by item.
  */
 export function runSync(request: SyncRequest, ring: KeyRing, kernel: KernelChoice): SyncOutcome {
-  return resolveKernel(kernel) === 'native' ? runNative(request, ring) : runJs(request, ring);
+  const native = resolveKernel(kernel) === 'native' && ring.nativeCapable && !request.contexts && !request.target;
+  return native ? runNative(request, ring) : runJs(request, ring);
 }
 
 // Scratch buffers for the packed items and the kernel's output, reused by every call (the
@@ -83,8 +88,9 @@ function runJs(request: SyncRequest, ring: KeyRing): SyncOutcome {
   let failed = 0;
   let newerVersionSeen = false;
   const limit = itemLimit(request.op, request.encoding, request.maxItemBytes);
-  const results = request.items.map((item): ItemResult => {
-    const outcome = Buffer.byteLength(item, 'utf8') > limit ? 'KF_ITEM_TOO_LARGE' : runOne(request, ring, item);
+  const results = request.items.map((item, index): ItemResult => {
+    const context = request.contexts?.[index];
+    const outcome = Buffer.byteLength(item, 'utf8') > limit ? 'KF_ITEM_TOO_LARGE' : runOne(request, ring, item, context === undefined ? undefined : Buffer.from(context, 'utf8'));
     if (typeof outcome !== 'string') return outcome;
     failed++;
     if (outcome === NEWER) newerVersionSeen = true;
@@ -95,14 +101,14 @@ function runJs(request: SyncRequest, ring: KeyRing): SyncOutcome {
 
 const NEWER = 'newer';
 
-function runOne({ op, encoding }: SyncRequest, ring: KeyRing, item: string): ItemResult | ErrorCode | typeof NEWER {
+function runOne({ op, encoding, target }: SyncRequest, ring: KeyRing, item: string, context: Buffer | undefined): ItemResult | ErrorCode | typeof NEWER {
   if (op === 'encrypt') {
     const plaintext = plaintextBytes(item, encoding);
-    return plaintext ? { ciphertext: sealItem(ring, plaintext, nonces.next()) } : 'KF_INVALID_ENCODING';
+    return plaintext ? { ciphertext: sealItem(ring, plaintext, nonces, context) } : 'KF_INVALID_ENCODING';
   }
-  const opened = openItem(ring, item);
+  const opened = openItem(ring, item, context);
   if (opened.code) return opened.newerVersion ? NEWER : opened.code;
-  if (op === 'rewrap') return { ciphertext: sealItem(ring, opened.plaintext, nonces.next()) };
+  if (op === 'rewrap') return { ciphertext: sealItem(target ?? ring, opened.plaintext, nonces, context) };
   const text = plaintextText(opened.plaintext, encoding);
   return text === undefined ? 'KF_NOT_UTF8' : { plaintext: text };
 }

@@ -12,6 +12,8 @@ export interface ChunkJob {
   readonly firstIndex: number;
   /** The plaintext limit (MAX_ITEM_BYTES); inputs may be as large as a ciphertext of such a plaintext. */
   readonly maxItemBytes: number;
+  /** Bound into every item's associated data (UTF-8). */
+  readonly context?: string;
 }
 
 export interface ChunkOutcome {
@@ -32,7 +34,8 @@ const errorJson = Object.fromEntries(
  * Runs one chunk: decodes the packed items, does the crypto and formats the result lines.
  * Runs inside a worker thread; plain loops over buffers, one output string per chunk.
  */
-export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: NonceSource = new NonceSource()): ChunkOutcome {
+export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: NonceSource = new NonceSource(), target: KeyRing = ring): ChunkOutcome {
+  const context = job.context === undefined ? undefined : Buffer.from(job.context, 'utf8');
   let out = '';
   let succeeded = 0;
   let failed = 0;
@@ -51,18 +54,19 @@ export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: N
     if (job.op === 'encrypt') {
       const plaintext = job.encoding === 'utf8' ? bytes : plaintextBytes(bytes.toString('latin1'), 'base64');
       if (!plaintext) return fail(i, 'KF_INVALID_ENCODING');
-      out += `{"i":${i},"ciphertext":"${sealItem(ring, plaintext, nonces.next())}"}\n`;
+      out += `{"i":${i},"ciphertext":"${sealItem(ring, plaintext, nonces, context)}"}\n`;
       succeeded++;
       return;
     }
 
-    const opened = openItem(ring, bytes.toString('latin1'));
+    const opened = openItem(ring, bytes.toString('latin1'), context);
     if (opened.code) {
       if (opened.newerVersion) newerVersionSeen = true;
       return fail(i, opened.code);
     }
     if (job.op === 'rewrap') {
-      out += `{"i":${i},"ciphertext":"${sealItem(ring, opened.plaintext, nonces.next())}"}\n`;
+      // Rewrap: into the latest version of the same key, or of the target key (migration).
+      out += `{"i":${i},"ciphertext":"${sealItem(target, opened.plaintext, nonces, context)}"}\n`;
     } else {
       const text = plaintextText(opened.plaintext, job.encoding);
       if (text === undefined) return fail(i, 'KF_NOT_UTF8');

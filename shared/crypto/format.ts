@@ -1,12 +1,17 @@
 /**
  * The ciphertext format `kf:v{version}:{base64(nonce ‖ ciphertext ‖ tag)}` and the associated
- * data that binds a ciphertext to its key: the UTF-8 bytes of `kf:{keyName}:v{version}`.
+ * data that binds a ciphertext to its key: the UTF-8 bytes of `kf:{keyName}:v{version}`, and,
+ * when the caller gives a context, a zero byte and the context's UTF-8 bytes after them (key
+ * names hold no zero byte, so the two forms never collide).
  */
 export const KEY_NAME = /^[A-Za-z0-9._-]{1,128}$/;
 
-export function associatedData(keyName: string, version: number): Buffer {
-  return Buffer.from(`kf:${keyName}:v${version}`, 'utf8');
+export function associatedData(keyName: string, version: number, context?: Buffer): Buffer {
+  const base = Buffer.from(`kf:${keyName}:v${version}`, 'utf8');
+  return context ? Buffer.concat([base, ZERO, context]) : base;
 }
+
+const ZERO = Buffer.alloc(1);
 
 export function formatCiphertext(version: number, sealed: Buffer): string {
   return `kf:v${version}:${sealed.toString('base64')}`;

@@ -1,8 +1,12 @@
 import { isUtf8 } from 'node:buffer';
 import type { ErrorCode } from '../errors.js';
 import { gcmOpen, gcmSealInto, NONCE_BYTES, TAG_BYTES } from './aes-gcm.js';
-import { BASE64, formatCiphertext, parseCiphertext } from './format.js';
-import type { KeyRing } from './key-ring.js';
+import { convergentNonce } from './convergent.js';
+import { associatedData, BASE64, formatCiphertext, parseCiphertext } from './format.js';
+import type { KeyRing, VersionEntry } from './key-ring.js';
+import { legacyOpen } from './legacy-cbc.js';
+import type { NonceSource } from './nonces.js';
+import { XCHACHA_NONCE_BYTES, xchachaOpen, xchachaSeal } from './xchacha.js';
 
 export type Encoding = 'utf8' | 'base64';
 
@@ -12,7 +16,8 @@ export type Encoding = 'utf8' | 'base64';
  */
 export function itemLimit(op: 'encrypt' | 'decrypt' | 'rewrap', encoding: Encoding, maxPlaintextBytes: number): number {
   if (op === 'encrypt') return encoding === 'base64' ? Math.ceil(maxPlaintextBytes / 3) * 4 : maxPlaintextBytes;
-  return Math.ceil((maxPlaintextBytes + 28) / 3) * 4 + 16; // nonce + tag, base64, `kf:v{version}:`
+  // nonce (up to 24) + tag + CBC padding, base64, `kf:v{version}:` — or hex(iv):hex(ct) of a legacy key
+  return Math.max(Math.ceil((maxPlaintextBytes + 56) / 3) * 4 + 16, 2 * (maxPlaintextBytes + 32) + 1);
 }
 
 
@@ -22,12 +27,34 @@ export function plaintextBytes(text: string, encoding: Encoding): Buffer | undef
   return BASE64.test(text) ? Buffer.from(text, 'base64') : undefined;
 }
 
-/** Seals under the ring's latest version with the given 12-byte nonce. */
-export function sealItem(ring: KeyRing, plaintext: Buffer, nonce: Buffer): string {
-  const { key, aad } = ring.latest;
-  const sealed = Buffer.allocUnsafe(NONCE_BYTES + plaintext.length + TAG_BYTES);
-  gcmSealInto(key, nonce, aad, plaintext, sealed, 0);
-  return formatCiphertext(ring.latestVersion, sealed);
+/** Sealing and opening per key type, on nonce ‖ ciphertext ‖ tag. */
+const SUITES = {
+  'aes256-gcm96': {
+    nonceBytes: NONCE_BYTES,
+    seal: (v: VersionEntry, nonce: Buffer, aad: Buffer, plaintext: Buffer): Buffer => {
+      const sealed = Buffer.allocUnsafe(NONCE_BYTES + plaintext.length + TAG_BYTES);
+      gcmSealInto(v.gcmKey, nonce, aad, plaintext, sealed, 0);
+      return sealed;
+    },
+    open: (v: VersionEntry, aad: Buffer, sealed: Buffer): Buffer | undefined => gcmOpen(v.gcmKey, aad, sealed),
+  },
+  'xchacha20-poly1305': {
+    nonceBytes: XCHACHA_NONCE_BYTES,
+    seal: (v: VersionEntry, nonce: Buffer, aad: Buffer, plaintext: Buffer): Buffer => xchachaSeal(v.material, nonce, aad, plaintext),
+    open: (v: VersionEntry, aad: Buffer, sealed: Buffer): Buffer | undefined => xchachaOpen(v.material, aad, sealed),
+  },
+} as const;
+
+/**
+ * Seals under the ring's latest version: a random nonce from `nonces`, or for a convergent key
+ * the nonce derived from context and plaintext. The context, if any, joins the associated data.
+ */
+export function sealItem(ring: KeyRing, plaintext: Buffer, nonces: NonceSource, context?: Buffer): string {
+  if (ring.type === 'legacy-aes256-cbc') throw new Error(`key ${ring.name}: legacy keys do not encrypt`);
+  const suite = SUITES[ring.type];
+  const v = ring.latest;
+  const nonce = ring.convergent ? convergentNonce(v.nonceKey, context ?? EMPTY, plaintext, suite.nonceBytes) : nonces.next(suite.nonceBytes);
+  return formatCiphertext(ring.latestVersion, suite.seal(v, nonce, context ? associatedData(ring.name, v.version, context) : v.aad, plaintext));
 }
 
 export type OpenOutcome =
@@ -38,16 +65,24 @@ export type OpenOutcome =
 const FAILED: OpenOutcome = { code: 'KF_DECRYPT_FAILED' };
 const NEWER: OpenOutcome = { code: 'KF_DECRYPT_FAILED', newerVersion: true };
 const DISABLED: OpenOutcome = { code: 'KF_KEY_VERSION_DISABLED' };
+const EMPTY = Buffer.alloc(0);
 
-/** Opens a `kf:v…` ciphertext. Every failure of form or authenticity is the one uniform KF_DECRYPT_FAILED. */
-export function openItem(ring: KeyRing, text: string): OpenOutcome {
+/**
+ * Opens a ciphertext of the ring's key — `kf:v…`, or for a legacy key one of the legacy CBC
+ * shapes. Every failure of form or authenticity (or padding) is the one uniform KF_DECRYPT_FAILED.
+ */
+export function openItem(ring: KeyRing, text: string, context?: Buffer): OpenOutcome {
+  if (ring.type === 'legacy-aes256-cbc') {
+    const plaintext = legacyOpen(ring.latest.material, text);
+    return plaintext ? { plaintext } : FAILED;
+  }
   const parsed = parseCiphertext(text);
   if (!parsed) return FAILED;
   if (parsed.version > ring.latestVersion) return NEWER;
   if (parsed.version < ring.minDecryptionVersion) return DISABLED;
-  const entry = ring.version(parsed.version);
-  if (!entry) return FAILED;
-  const plaintext = gcmOpen(entry.key, entry.aad, parsed.sealed);
+  const v = ring.version(parsed.version);
+  if (!v) return FAILED;
+  const plaintext = SUITES[ring.type].open(v, context ? associatedData(ring.name, v.version, context) : v.aad, parsed.sealed);
   return plaintext ? { plaintext } : FAILED;
 }
 

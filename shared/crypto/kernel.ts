@@ -56,8 +56,10 @@ export function nativeJob(job: ChunkJob, ring: KeyRing, sync: boolean): NativeJo
  * Runs one chunk with the native kernel where it is built, else with the node:crypto one.
  * Both write the same NDJSON lines, and each decrypts what the other encrypts.
  */
-export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, reserve: number, choice: KernelChoice, nonces: NonceSource): KernelOutput {
-  if (resolveKernel(choice) === 'native') {
+export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, reserve: number, choice: KernelChoice, nonces: NonceSource, target?: KeyRing): KernelOutput {
+  // The native kernel does random-nonce AES-GCM of one key without context; anything else
+  // (XChaCha20, convergent, legacy CBC, context, rewrap into another key) is node:crypto/libsodium.
+  if (resolveKernel(choice) === 'native' && ring.nativeCapable && job.context === undefined && !target) {
     const items = countItems(packed);
     const out = new Uint8Array(new ArrayBuffer(reserve + outputBound(job.op, items, packed.length)));
     const { params, versions } = nativeJob(job, ring, false);
@@ -65,7 +67,7 @@ export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, r
     return { buffer: out.subarray(0, reserve + written), count, succeeded, failed, newerVersionSeen, kernel: 'native' };
   }
   const input = Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength);
-  const result = runChunk(job, input, ring, nonces);
+  const result = runChunk(job, input, ring, nonces, target);
   const bytes = Buffer.byteLength(result.lines, 'utf8');
   const out = Buffer.from(new ArrayBuffer(reserve + bytes));
   out.write(result.lines, reserve, 'utf8');

@@ -1,21 +1,47 @@
 import { createSecretKey, type KeyObject } from 'node:crypto';
+import { convergentNonceKey } from './convergent.js';
 import { associatedData } from './format.js';
 
-export const KEY_TYPES = ['aes256-gcm96'] as const;
+/** Every key type; `legacy-aes256-cbc` keys are only imported, and only decrypt and rewrap. */
+export const KEY_TYPES = ['aes256-gcm96', 'xchacha20-poly1305', 'legacy-aes256-cbc'] as const;
 export type KeyType = (typeof KEY_TYPES)[number];
+/** The types a key can be created with (its material made by keyfleet). */
+export const CREATABLE_KEY_TYPES = ['aes256-gcm96', 'xchacha20-poly1305'] as const satisfies readonly KeyType[];
 
 /** What a thread needs to rebuild a ring: plain data, cheap to post (32 bytes per version). */
 export interface KeyRingData {
   readonly name: string;
   readonly type: KeyType;
+  /** Same plaintext and context, same ciphertext (nonce derived, not drawn). */
+  readonly convergent?: boolean;
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
   readonly versions: ReadonlyArray<{ readonly version: number; readonly material: Uint8Array }>;
 }
 
-interface VersionEntry {
-  readonly key: KeyObject;
+/** One version: its material, its associated data without context, and keys derived on first use. */
+export class VersionEntry {
+  readonly version: number;
+  readonly material: Uint8Array;
   readonly aad: Buffer;
+  #gcmKey: KeyObject | undefined;
+  #nonceKey: Buffer | undefined;
+
+  constructor(name: string, version: number, material: Uint8Array) {
+    this.version = version;
+    this.material = material;
+    this.aad = associatedData(name, version);
+  }
+
+  /** A node:crypto key object (cheaper per call than raw bytes). */
+  get gcmKey(): KeyObject {
+    return (this.#gcmKey ??= createSecretKey(this.material));
+  }
+
+  /** The convergent nonce PRF's key. */
+  get nonceKey(): Buffer {
+    return (this.#nonceKey ??= convergentNonceKey(this.material));
+  }
 }
 
 /** A version as the native kernel takes it: material and associated data as bytes. */
@@ -25,46 +51,41 @@ export interface NativeVersionEntry {
   readonly aad: Uint8Array;
 }
 
-/**
- * The unwrapped versions of one key, ready for the crypto loop. Never serialised to a client.
- * Associated data is computed once per version; node:crypto KeyObjects only when the
- * node:crypto kernel first asks for one (the native kernel takes the bytes).
- */
+/** The unwrapped versions of one key, ready for the crypto loop. Never serialised to a client. */
 export class KeyRing {
   readonly name: string;
   readonly type: KeyType;
+  readonly convergent: boolean;
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
   readonly #data: KeyRingData;
+  readonly #versions = new Map<number, VersionEntry>();
   readonly #native: readonly NativeVersionEntry[];
-  readonly #keyObjects = new Map<number, VersionEntry>();
 
   constructor(data: KeyRingData) {
     this.#data = data;
     this.name = data.name;
     this.type = data.type;
+    this.convergent = data.convergent === true;
     this.latestVersion = data.latestVersion;
     this.minDecryptionVersion = data.minDecryptionVersion;
-    this.#native = data.versions.map((v) => ({ version: v.version, key: v.material, aad: associatedData(data.name, v.version) }));
-    if (!this.#native.some((v) => v.version === this.latestVersion)) {
-      throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
-    }
+    for (const v of data.versions) this.#versions.set(v.version, new VersionEntry(data.name, v.version, v.material));
+    if (!this.#versions.has(this.latestVersion)) throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
+    this.#native = [...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad }));
   }
 
   /** The version new ciphertexts are made under. */
   get latest(): VersionEntry {
-    return this.version(this.latestVersion)!;
+    return this.#versions.get(this.latestVersion)!;
   }
 
   version(v: number): VersionEntry | undefined {
-    let entry = this.#keyObjects.get(v);
-    if (!entry) {
-      const bytes = this.#native.find((n) => n.version === v);
-      if (!bytes) return undefined;
-      entry = { key: createSecretKey(bytes.key), aad: Buffer.from(bytes.aad) };
-      this.#keyObjects.set(v, entry);
-    }
-    return entry;
+    return this.#versions.get(v);
+  }
+
+  /** True where the native OpenSSL kernel can do this key's work: random-nonce AES-GCM without context. */
+  get nativeCapable(): boolean {
+    return this.type === 'aes256-gcm96' && !this.convergent;
   }
 
   /** The versions as the native kernel takes them. */

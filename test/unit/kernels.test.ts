@@ -61,7 +61,7 @@ describe('the native kernel', () => {
     const [good] = run('js', 'encrypt', ['fine']).lines.map((l) => l.ciphertext as string);
     const raw = Buffer.from(good!.slice(6), 'base64');
     raw[15]! ^= 1;
-    const bad = [good!, `kf:v2:${raw.toString('base64')}`, 'kf:v3:' + good!.slice(6), 'kf:v0:AAAA', 'kf:v2:', 'kf:v2:@@@@', 'kf:v2:' + good!.slice(6, -1), 'nonsense', ITEM_NOT_STRING, ITEM_TOO_LARGE, 'x'.repeat(2000), good!] as const; // 2,000 > the ciphertext size of a 1,024-byte plaintext
+    const bad = [good!, `kf:v2:${raw.toString('base64')}`, 'kf:v3:' + good!.slice(6), 'kf:v0:AAAA', 'kf:v2:', 'kf:v2:@@@@', 'kf:v2:' + good!.slice(6, -1), 'nonsense', ITEM_NOT_STRING, ITEM_TOO_LARGE, 'x'.repeat(3000), good!] as const; // 3,000 > any ciphertext of a 1,024-byte plaintext (hex legacy shapes included)
     const js = run('js', 'decrypt', [...bad]);
     const native = run('native', 'decrypt', [...bad]);
     expect(native.lines).toEqual(js.lines);
