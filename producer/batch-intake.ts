@@ -129,8 +129,11 @@ export class BatchIntake {
     const firstIndex = this.#enqueuedItems;
     this.#enqueuedItems += count;
     await this.#store.addChunk(this.batchId, chunk, packed, count);
-    const { tenant, op, key, encoding, requestId } = this.#spec;
-    const data: ChunkJobData = { batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, ...(requestId ? { requestId } : {}) };
+    const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;
+    const data: ChunkJobData = {
+      batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding,
+      ...(requestId ? { requestId } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}),
+    };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });
   }
 }

@@ -16,12 +16,13 @@ export async function submitBatch(
   fill: (intake: BatchIntake) => Promise<void>,
   keepAlive?: () => void,
 ): Promise<{ batchId: string; total: number }> {
-  const { batches, queue, keyCache } = app.services;
+  const { batches, queue } = app.services;
   const { chunkItems, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems, webhookSecret, webhookAllowedHosts } = app.keyfleet;
   const callbackUrl = request.callbackUrl === undefined ? undefined : checkCallbackUrl(request.callbackUrl, { secret: webhookSecret, allowedHosts: webhookAllowedHosts });
   const spec: BatchSpec = { ...request, chunkItems, ...(callbackUrl ? { callbackUrl } : {}) };
-  // Refused before any byte of the body is read: unknown key (404), full queue, too many batches (429).
-  await keyCache.get(spec.tenant, spec.key);
+  // Refused before any byte of the body is read: unknown key (404), a key that cannot do the
+  // operation (400), a full queue or too many batches (429).
+  await checkKeys(app, spec);
   const backlog = await batches.backlogItems();
   if (backlog >= maxBacklogItems) {
     throw new KeyfleetError('KF_BACKLOG_FULL', `${backlog} items are queued, at or above MAX_BACKLOG_ITEMS (${maxBacklogItems}); retry later`, { retryAfterSeconds: 30 });
@@ -48,3 +49,16 @@ export async function submitBatch(
 
 const isAbort = (err: unknown): boolean =>
   err instanceof Error && ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || err.message === 'aborted');
+
+/** The batch's keys exist and can do its operation; keys due for rotation rotate now. */
+async function checkKeys(app: FastifyInstance, { tenant, op, key, targetKey, context }: BatchSpec): Promise<void> {
+  const { keyCache, keyPolicy } = app.services;
+  if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for op=rewrap only' : undefined);
+  if (op === 'decrypt') {
+    await keyCache.get(tenant, key);
+    return;
+  }
+  if (targetKey) await keyCache.get(tenant, key);
+  const sealing = await keyPolicy.forEncryption(tenant, targetKey ?? key);
+  if (sealing.convergent && context === undefined) throw new KeyfleetError('KF_CONTEXT_REQUIRED', 'a convergent key needs a context: pass context= for the batch');
+}

@@ -4,6 +4,7 @@ import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
+import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
@@ -21,6 +22,7 @@ export interface ApiServices {
   readonly redis: Redis;
   readonly keyStore: KeyStore;
   readonly keyCache: KeyCache;
+  readonly keyPolicy: KeyPolicy;
   readonly batches: BatchStore;
   readonly idempotency: IdempotencyStore;
   readonly queue: Queue<ChunkJobData>;
@@ -44,16 +46,19 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
   const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
+  const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
+  const metrics = new ApiMetrics(registry);
   return {
     redis,
     keyStore,
-    keyCache: new KeyCache(keyStore, config.keyCacheTtlMs),
+    keyCache,
+    keyPolicy: new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger),
     batches,
     idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds),
     queue,
     events,
     registry,
-    metrics: new ApiMetrics(registry),
+    metrics,
     webhooks,
     async close() {
       await Promise.allSettled([queue.close(), events.close(), webhooks.close()]);

@@ -17,6 +17,10 @@ export interface BatchSpec {
   readonly chunkItems: number;
   /** Where the final status is POSTed (checked by checkCallbackUrl). */
   readonly callbackUrl?: string;
+  /** Bound into every item's associated data. */
+  readonly context?: string;
+  /** Rewrap into this key (migration). */
+  readonly targetKey?: string;
 }
 
 export interface BatchRecord extends BatchStatusBody {

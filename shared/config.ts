@@ -74,6 +74,13 @@ const envSchema = z.object({
   WEBHOOK_SECRET: z.string().min(16, 'expected at least 16 characters').optional(),
   /** Hosts webhooks may go to, comma-separated (`hooks.example.com`, `*.example.com`); empty: any. */
   WEBHOOK_ALLOWED_HOSTS: z.string().default(''),
+  /**
+   * Random 96-bit nonces: NIST SP 800-38D bounds one AES-GCM key to 2^32 encryptions. A key
+   * version refuses to encrypt past NONCE_LIMIT, and rotates by itself at NONCE_ROTATE_SHARE of
+   * it (0: never by itself — rotate yourself, and the limit refuses if you forget).
+   */
+  NONCE_LIMIT: int(1, 2 ** 32).default(2 ** 32),
+  NONCE_ROTATE_SHARE: z.coerce.number().min(0).max(1).default(0.5),
   /** How long an Idempotency-Key and the answer it gave are kept. */
   IDEMPOTENCY_TTL_SECONDS: int(60).default(86_400),
   /**
@@ -112,6 +119,8 @@ export interface Config {
   readonly uploadIdleSeconds: number;
   readonly syncRateLimit: number;
   readonly idempotencyTtlSeconds: number;
+  readonly nonceLimit: number;
+  readonly nonceRotateShare: number;
   readonly webhookSecret: string | undefined;
   readonly webhookAllowedHosts: readonly string[];
   readonly workerMetricsPort: number;
@@ -166,6 +175,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     uploadIdleSeconds: e.UPLOAD_IDLE_SECONDS,
     syncRateLimit: e.SYNC_RATE_LIMIT,
     idempotencyTtlSeconds: e.IDEMPOTENCY_TTL_SECONDS,
+    nonceLimit: e.NONCE_LIMIT,
+    nonceRotateShare: e.NONCE_ROTATE_SHARE,
     webhookSecret: e.WEBHOOK_SECRET,
     webhookAllowedHosts: Object.freeze(e.WEBHOOK_ALLOWED_HOSTS.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean)),
     workerMetricsPort: e.WORKER_METRICS_PORT,

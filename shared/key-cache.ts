@@ -1,16 +1,16 @@
 import type { KeyRing } from './crypto/key-ring.js';
 import { KeyfleetError } from './errors.js';
-import type { KeyStore } from './key-store.js';
+import type { KeyStore, LoadedKey } from './key-store.js';
 
 interface Entry {
-  readonly ring: Promise<KeyRing | undefined>;
+  readonly key: Promise<LoadedKey | undefined>;
   readonly loadedAt: number;
 }
 
 /**
- * Per-process cache of unwrapped key rings. An entry is trusted for `ttlMs` (so a rotation
- * reaches every process within that time); callers that meet a ciphertext of a newer version
- * than the cached latest ask for a fresh load at once, so a fresh version never fails to decrypt.
+ * Per-process cache of unwrapped keys. An entry is trusted for `ttlMs` (so a rotation reaches
+ * every process within that time); callers that meet a ciphertext of a newer version than the
+ * cached latest ask for a fresh load at once, so a fresh version never fails to decrypt.
  */
 export class KeyCache {
   readonly #store: KeyStore;
@@ -22,26 +22,35 @@ export class KeyCache {
     this.#ttlMs = ttlMs;
   }
 
+  get store(): KeyStore {
+    return this.#store;
+  }
+
   /** The ring of a tenant's key; throws KF_KEY_NOT_FOUND when there is none. */
-  async get(tenant: string, name: string, { fresh = false } = {}): Promise<KeyRing> {
+  async get(tenant: string, name: string, options: { fresh?: boolean } = {}): Promise<KeyRing> {
+    return (await this.loaded(tenant, name, options)).ring;
+  }
+
+  /** The key with what the encrypt path checks (encryptions so far, age of the latest version). */
+  async loaded(tenant: string, name: string, { fresh = false } = {}): Promise<LoadedKey> {
     const id = `${tenant}\u0000${name}`;
     const now = Date.now();
     let entry = this.#entries.get(id);
     if (!entry || fresh || now - entry.loadedAt > this.#ttlMs) {
-      entry = { ring: this.#store.loadRing(tenant, name), loadedAt: now };
+      entry = { key: this.#store.load(tenant, name), loadedAt: now };
       this.#entries.set(id, entry);
       // A failed load must not stay cached.
       const loading = entry;
-      loading.ring.catch(() => {
+      loading.key.catch(() => {
         if (this.#entries.get(id) === loading) this.#entries.delete(id);
       });
     }
-    const ring = await entry.ring;
-    if (!ring) {
+    const key = await entry.key;
+    if (!key) {
       this.#entries.delete(id);
       throw new KeyfleetError('KF_KEY_NOT_FOUND');
     }
-    return ring;
+    return key;
   }
 
   /** Drops a key after a local change (rotate, policy) so this process sees it at once. */

@@ -5,13 +5,15 @@ import { KeyRing, type KeyType } from './crypto/key-ring.js';
 import { KeyfleetError } from './errors.js';
 import type { MasterKey } from './master-key.js';
 import type { Redis, RedisKeys } from './redis.js';
-import type { KeyInfo } from './schemas.js';
+import type { KeyInfo, KeyPolicyPatch } from './schemas.js';
 
 // Each script touches one key (the key's hash), so it runs unchanged on Redis Cluster.
+// Fields: type, conv, latest, minDec, createdAt, del (deletion allowed), arp (auto-rotate
+// period, s), m:{n} wrapped material, c:{n} version creation (ms), n:{n} encryptions.
 const CREATE = `
 local t = redis.call('HGET', KEYS[1], 'type')
-if t then return t end
-redis.call('HSET', KEYS[1], 'type', ARGV[1], 'latest', 1, 'minDec', 1, 'createdAt', ARGV[2], 'm:1', ARGV[3])
+if t then return t .. ':' .. (redis.call('HGET', KEYS[1], 'conv') or '0') end
+redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0)
 return ''`;
 
 // Optimistic: the new version's material is wrapped (bound to its version) before the script
@@ -21,23 +23,65 @@ local l = redis.call('HGET', KEYS[1], 'latest')
 if not l then return -1 end
 if l ~= ARGV[1] then return -2 end
 local n = tonumber(l) + 1
-redis.call('HSET', KEYS[1], 'latest', n, 'm:' .. n, ARGV[2])
+redis.call('HSET', KEYS[1], 'latest', n, 'm:' .. n, ARGV[2], 'c:' .. n, ARGV[3])
 return n`;
 
-const SET_MIN_DEC = `
+// Policy changes in one script: ARGV minDec, del, arp ('' = unchanged).
+const PATCH = `
 local l = redis.call('HGET', KEYS[1], 'latest')
 if not l then return -1 end
-local v = tonumber(ARGV[1])
-if v < 1 or v > tonumber(l) then return -2 end
-redis.call('HSET', KEYS[1], 'minDec', v)
-return v`;
+if ARGV[1] ~= '' then
+  local v = tonumber(ARGV[1])
+  if v < 1 or v > tonumber(l) then return -2 end
+  redis.call('HSET', KEYS[1], 'minDec', v)
+end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'del', ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'arp', ARGV[3]) end
+return 1`;
+
+// Removes the material of versions below ARGV[1], which must not be above minDec.
+const TRIM = `
+local minDec = redis.call('HGET', KEYS[1], 'minDec')
+if not minDec then return -1 end
+local below = tonumber(ARGV[1])
+if below < 1 or below > tonumber(minDec) then return -2 end
+local removed = 0
+for v = 1, below - 1 do removed = removed + redis.call('HDEL', KEYS[1], 'm:' .. v, 'c:' .. v, 'n:' .. v) end
+return removed`;
+
+const DELETE = `
+local del = redis.call('HGET', KEYS[1], 'del')
+if not del then return -1 end
+if del ~= '1' then return -2 end
+redis.call('DEL', KEYS[1])
+return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfKeyCreate(key: string, type: string, createdAt: string, wrapped: string): Result<string, Context>;
-    kfKeyRotate(key: string, expectedLatest: string, wrapped: string): Result<number, Context>;
-    kfKeySetMinDec(key: string, version: number): Result<number, Context>;
+    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number): Result<string, Context>;
+    kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number): Result<number, Context>;
+    kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string): Result<number, Context>;
+    kfKeyTrim(key: string, minAvailableVersion: number): Result<number, Context>;
+    kfKeyDelete(key: string): Result<number, Context>;
   }
+}
+
+export interface CreateKeyOptions {
+  readonly type: KeyType;
+  readonly convergent?: boolean;
+  /** Imported material (legacy keys only); otherwise fresh random bytes. */
+  readonly material?: Buffer;
+}
+
+/** A loaded key: its ring, and what the encrypt path checks before using it. */
+export interface LoadedKey {
+  readonly ring: KeyRing;
+  /** Encryptions counted under the latest version (nonce budget). */
+  readonly latestEncryptions: number;
+  /** When the latest version was made (ms since the epoch). */
+  readonly latestCreatedMs: number;
+  /** Rotate after this many seconds (0: never). */
+  readonly autoRotatePeriod: number;
 }
 
 /** Named, versioned keys of a tenant, stored in Redis with their material wrapped under the master key. */
@@ -52,43 +96,84 @@ export class KeyStore {
     this.#master = master;
     redis.defineCommand('kfKeyCreate', { numberOfKeys: 1, lua: CREATE });
     redis.defineCommand('kfKeyRotate', { numberOfKeys: 1, lua: ROTATE });
-    redis.defineCommand('kfKeySetMinDec', { numberOfKeys: 1, lua: SET_MIN_DEC });
+    redis.defineCommand('kfKeyPatch', { numberOfKeys: 1, lua: PATCH });
+    redis.defineCommand('kfKeyTrim', { numberOfKeys: 1, lua: TRIM });
+    redis.defineCommand('kfKeyDelete', { numberOfKeys: 1, lua: DELETE });
   }
 
-  /** Creates the key with a fresh version 1; `created: false` when it already existed with this type. */
-  async create(tenant: string, name: string, type: KeyType): Promise<{ info: KeyInfo; created: boolean }> {
-    const wrapped = this.#master.wrap(randomBytes(KEY_BYTES), tenant, name, 1);
-    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, new Date().toISOString(), wrapped);
-    if (existing !== '' && existing !== type) throw new KeyfleetError('KF_KEY_EXISTS', `a key of that name exists with type ${existing}`);
+  /** Creates the key with version 1; `created: false` when it already existed alike. Another type or convergence is a 409. */
+  async create(tenant: string, name: string, { type, convergent = false, material }: CreateKeyOptions): Promise<{ info: KeyInfo; created: boolean }> {
+    const wrapped = this.#master.wrap(material ?? randomBytes(KEY_BYTES), tenant, name, 1);
+    const now = new Date();
+    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime());
+    if (existing !== '' && existing !== `${type}:${convergent ? '1' : '0'}`) {
+      const [otherType, otherConv] = existing.split(':');
+      throw new KeyfleetError('KF_KEY_EXISTS', `a key of that name exists with type ${otherType}${otherConv === '1' ? ', convergent' : ''}`);
+    }
+    // An import never replaces material: importing into an existing key is refused above or a no-op only for fresh keys.
+    if (existing !== '' && material) throw new KeyfleetError('KF_KEY_EXISTS', 'a key of that name exists; imported material is never replaced');
     return { info: await this.info(tenant, name), created: existing === '' };
   }
 
   async info(tenant: string, name: string): Promise<KeyInfo> {
-    const [type, latest, minDec, createdAt] = await this.#redis.hmget(this.#keys.key(tenant, name), 'type', 'latest', 'minDec', 'createdAt');
+    const [type, conv, latest, minDec, createdAt, del, arp] = await this.#redis.hmget(this.#keys.key(tenant, name), 'type', 'conv', 'latest', 'minDec', 'createdAt', 'del', 'arp');
     if (!type || !latest || !minDec || !createdAt) throw new KeyfleetError('KF_KEY_NOT_FOUND');
-    return { name, type: type as KeyType, latestVersion: Number(latest), minDecryptionVersion: Number(minDec), createdAt };
+    return {
+      name,
+      type: type as KeyType,
+      convergent: conv === '1',
+      latestVersion: Number(latest),
+      minDecryptionVersion: Number(minDec),
+      deletionAllowed: del === '1',
+      autoRotatePeriod: Number(arp ?? 0),
+      createdAt,
+    };
   }
 
-  async rotate(tenant: string, name: string): Promise<KeyInfo> {
+  /** Adds a version. With `ifLatest`, only if the latest is still that version (automatic rotations race). */
+  async rotate(tenant: string, name: string, ifLatest?: number): Promise<KeyInfo> {
     for (let attempt = 0; attempt < 5; attempt++) {
-      const { latestVersion } = await this.info(tenant, name);
+      const { latestVersion, type } = await this.info(tenant, name);
+      if (type === 'legacy-aes256-cbc') throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy key holds imported material only; it is not rotated');
+      if (ifLatest !== undefined && latestVersion !== ifLatest) return this.info(tenant, name);
       const wrapped = this.#master.wrap(randomBytes(KEY_BYTES), tenant, name, latestVersion + 1);
-      const result = await this.#redis.kfKeyRotate(this.#keys.key(tenant, name), String(latestVersion), wrapped);
+      const result = await this.#redis.kfKeyRotate(this.#keys.key(tenant, name), String(latestVersion), wrapped, Date.now());
       if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
       if (result > 0) return this.info(tenant, name);
     }
     throw new KeyfleetError('KF_KEY_CONFLICT');
   }
 
-  async setMinDecryptionVersion(tenant: string, name: string, version: number): Promise<KeyInfo> {
-    const result = await this.#redis.kfKeySetMinDec(this.#keys.key(tenant, name), version);
+  async patch(tenant: string, name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
+    const arg = (v: number | boolean | undefined) => (v === undefined ? '' : typeof v === 'boolean' ? (v ? '1' : '0') : String(v));
+    const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod));
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID');
     return this.info(tenant, name);
   }
 
+  /** Deletes the material of versions below `minAvailableVersion` (at most minDecryptionVersion): those ciphertexts are gone for good. */
+  async trim(tenant: string, name: string, minAvailableVersion: number): Promise<KeyInfo> {
+    const result = await this.#redis.kfKeyTrim(this.#keys.key(tenant, name), minAvailableVersion);
+    if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID', 'minAvailableVersion must be between 1 and minDecryptionVersion');
+    return this.info(tenant, name);
+  }
+
+  /** Deletes a key that was marked `deletionAllowed`. */
+  async delete(tenant: string, name: string): Promise<void> {
+    const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name));
+    if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (result === -2) throw new KeyfleetError('KF_KEY_DELETION_NOT_ALLOWED');
+  }
+
+  /** Counts encryptions under a version (one call per chunk or request); returns the new total. */
+  countEncryptions(tenant: string, name: string, version: number, count: number): Promise<number> {
+    return this.#redis.hincrby(this.#keys.key(tenant, name), `n:${version}`, count);
+  }
+
   /** Loads and unwraps every version of a key; undefined when the key does not exist. */
-  async loadRing(tenant: string, name: string): Promise<KeyRing | undefined> {
+  async load(tenant: string, name: string): Promise<LoadedKey | undefined> {
     const fields = await this.#redis.hgetall(this.#keys.key(tenant, name));
     if (!fields['type']) return undefined;
     const versions: Array<{ version: number; material: Buffer }> = [];
@@ -103,12 +188,24 @@ export class KeyStore {
         throw new KeyfleetError('KF_MASTER_KEY_MISMATCH', undefined, { cause: err });
       }
     }
-    return new KeyRing({
+    const latest = Number(fields['latest']);
+    const ring = new KeyRing({
       name,
       type: fields['type'] as KeyType,
-      latestVersion: Number(fields['latest']),
+      convergent: fields['conv'] === '1',
+      latestVersion: latest,
       minDecryptionVersion: Number(fields['minDec']),
       versions,
     });
+    return {
+      ring,
+      latestEncryptions: Number(fields[`n:${latest}`] ?? 0),
+      latestCreatedMs: Number(fields[`c:${latest}`] ?? Date.parse(fields['createdAt'] ?? '')),
+      autoRotatePeriod: Number(fields['arp'] ?? 0),
+    };
+  }
+
+  async loadRing(tenant: string, name: string): Promise<KeyRing | undefined> {
+    return (await this.load(tenant, name))?.ring;
   }
 }

@@ -16,11 +16,25 @@ export function createRegistry(component: 'api' | 'worker'): Registry {
   return registry;
 }
 
-/** Metrics both processes record: items through the crypto engine. */
+/** Metrics both processes record: items through the crypto engine, and the keys' nonce budgets. */
 export class CryptoMetrics {
   readonly items: Counter<'op' | 'key_type' | 'outcome' | 'path'>;
+  /** The largest share of its nonce budget any random-nonce AES-GCM key version has used, as this process counted. */
+  readonly nonceBudgetUsed: Gauge;
+  readonly autoRotations: Counter<'reason'>;
 
   constructor(registry: Registry) {
+    this.nonceBudgetUsed = new Gauge({
+      name: 'keyfleet_nonce_budget_max_used_ratio',
+      help: 'Highest share of the nonce budget (NONCE_LIMIT encryptions) used by any random-nonce AES-GCM key version, 0..1; keys rotate at NONCE_ROTATE_SHARE.',
+      registers: [registry],
+    });
+    this.autoRotations = new Counter({
+      name: 'keyfleet_key_auto_rotations_total',
+      help: 'Keys rotated automatically, by reason (nonce_budget, period).',
+      labelNames: ['reason'],
+      registers: [registry],
+    });
     this.items = new Counter({
       name: 'keyfleet_items_processed_total',
       help: 'Items through the crypto engine, by operation, key type, outcome and path (sync in the API, batch in a worker).',

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { KEY_NAME } from './crypto/format.js';
-import { KEY_TYPES } from './crypto/key-ring.js';
+import { CREATABLE_KEY_TYPES, KEY_TYPES } from './crypto/key-ring.js';
 
 export const BATCH_OPS = ['encrypt', 'decrypt', 'rewrap'] as const;
 export type BatchOp = (typeof BATCH_OPS)[number];
@@ -14,22 +14,62 @@ export const batchOp = z.enum(BATCH_OPS);
 
 // ---- keys --------------------------------------------------------------------------------
 export const keyParams = z.object({ name: keyName });
-export const createKeyBody = z.object({ type: z.enum(KEY_TYPES).default('aes256-gcm96') }).strict();
-export const patchKeyBody = z.object({ minDecryptionVersion: z.number().int().min(1) }).strict();
+export const createKeyBody = z
+  .object({
+    type: z.enum(CREATABLE_KEY_TYPES).default('aes256-gcm96'),
+    /** Same plaintext and context → same ciphertext (lookups by ciphertext); every call then needs a context. */
+    convergent: z.boolean().default(false),
+  })
+  .strict();
+export const importKeyBody = z
+  .object({
+    type: z.literal('legacy-aes256-cbc'),
+    /** base64 of the 32-byte AES-256 key of the legacy system. */
+    material: z.string().regex(/^[A-Za-z0-9+/]{43}=$/, 'expected base64 of exactly 32 bytes'),
+  })
+  .strict();
+export const patchKeyBody = z
+  .object({
+    minDecryptionVersion: z.number().int().min(1).optional(),
+    /** Allows DELETE /v1/keys/{name}. */
+    deletionAllowed: z.boolean().optional(),
+    /** Seconds after which the next encryption rotates the key first; 0 turns it off. */
+    autoRotatePeriod: z.number().int().min(0).max(10 * 365 * 86_400).optional(),
+  })
+  .strict()
+  .refine((p) => Object.keys(p).length > 0, 'expected at least one of minDecryptionVersion, deletionAllowed, autoRotatePeriod');
+export type KeyPolicyPatch = z.infer<typeof patchKeyBody>;
+export const trimKeyBody = z.object({ minAvailableVersion: z.number().int().min(1) }).strict();
 export const keyInfo = z.object({
   name: z.string(),
   type: z.enum(KEY_TYPES),
+  convergent: z.boolean(),
   latestVersion: z.number().int(),
   minDecryptionVersion: z.number().int(),
+  deletionAllowed: z.boolean(),
+  autoRotatePeriod: z.number().int(),
   createdAt: z.string(),
 });
 export type KeyInfo = z.infer<typeof keyInfo>;
+/** A context: bound into the associated data; decrypt and rewrap need the same one. */
+export const context = z.string().min(1).max(1024);
 
 // ---- sync crypto ---------------------------------------------------------------------------
 export const cryptoParams = z.object({ key: keyName });
+/** An item: a string, or an object with its own context. */
+const cryptoItem = z.union([
+  z.string(),
+  z.object({ plaintext: z.string(), context: context.optional() }).strict(),
+  z.object({ ciphertext: z.string(), context: context.optional() }).strict(),
+]);
+export type CryptoItem = z.infer<typeof cryptoItem>;
 export const cryptoBody = z
   .object({
-    items: z.array(z.string()),
+    items: z.array(cryptoItem),
+    /** The context of every item that does not give its own. */
+    context: context.optional(),
+    /** Rewrap only: re-encrypt into this key (e.g. from a legacy key into a modern one). */
+    targetKey: keyName.optional(),
     encoding: encoding.default('utf8'),
     mode: z.enum(['auto', 'sync', 'async']).default('auto'),
     /** When the request becomes a batch: where its final status is POSTed, signed. */
@@ -55,6 +95,10 @@ export const createBatchQuery = z.object({
   encoding: encoding.default('utf8'),
   /** Where the final status is POSTed, signed with Keyfleet-Signature (WEBHOOK_SECRET). */
   callbackUrl: z.string().max(2048).optional(),
+  /** The context of every item of the batch. */
+  context: context.optional(),
+  /** op=rewrap only: re-encrypt into this key (migration). */
+  targetKey: keyName.optional(),
 });
 export const resultsQuery = z.object({
   /** The first item to send: a client that lost its download resumes from the lines it kept. */
@@ -100,5 +144,7 @@ export const chunkJobData = z.object({
   encoding,
   /** The id of the request that created the batch, so worker logs join up with API logs. */
   requestId: z.string().max(64).optional(),
+  context: context.optional(),
+  targetKey: keyName.optional(),
 });
 export type ChunkJobData = z.infer<typeof chunkJobData>;

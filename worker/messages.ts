@@ -7,6 +7,8 @@ export interface ThreadTask {
   readonly job: ChunkJob;
   readonly input: Uint8Array;
   readonly ring: KeyRingData;
+  /** The key a rewrap re-encrypts into (migration), if not `ring` itself. */
+  readonly target?: KeyRingData;
   readonly kernel: KernelChoice;
   /** Niceness the thread gives itself before its first chunk. */
   readonly nice: number;

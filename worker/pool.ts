@@ -32,9 +32,10 @@ export class CryptoPool {
     });
   }
 
-  async run(job: ChunkJob, input: Buffer, ring: KeyRingData): Promise<DecodedResult> {
+  /** Runs a chunk; `target` is the key a rewrap re-encrypts into, when it is not `ring`'s own latest version. */
+  async run(job: ChunkJob, input: Buffer, ring: KeyRingData, target?: KeyRingData): Promise<DecodedResult> {
     const owned = ownsArrayBuffer(input) ? input : new Uint8Array(input);
-    const task: ThreadTask = { job, input: owned, ring, kernel: this.#kernel, nice: this.#nice };
+    const task: ThreadTask = { job, input: owned, ring, ...(target ? { target } : {}), kernel: this.#kernel, nice: this.#nice };
     // Transfer, not copy: the chunk's bytes move to the thread and the result buffer moves back.
     const result = await this.#pool.run(task, { transferList: [owned.buffer as ArrayBuffer] });
     return decodeResult(result);

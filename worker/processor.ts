@@ -2,7 +2,9 @@ import { UnrecoverableError, type Job } from 'bullmq';
 import type { BatchStore, ChunkCompletion } from '../shared/batch-store.js';
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
 import { KeyfleetError } from '../shared/errors.js';
+import type { KeyRing } from '../shared/crypto/key-ring.js';
 import type { KeyCache } from '../shared/key-cache.js';
+import type { KeyPolicy } from '../shared/key-policy.js';
 import type { Logger } from '../shared/logger.js';
 import type { WorkerMetrics } from '../shared/metrics.js';
 import { chunkJobData, type ChunkJobData } from '../shared/schemas.js';
@@ -11,6 +13,7 @@ import type { CryptoPool } from './pool.js';
 export interface ProcessorDeps {
   readonly batches: BatchStore;
   readonly keyCache: KeyCache;
+  readonly keyPolicy: KeyPolicy;
   readonly pool: CryptoPool;
   readonly logger: Logger;
   readonly maxItemBytes: number;
@@ -30,7 +33,7 @@ export interface ChunkReport {
  * the result in one script. Running the same chunk twice (crash, retry, stall) is harmless: the
  * script counts a chunk once, and a chunk already counted has had its inputs removed.
  */
-export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes, metrics, onBatchEnded }: ProcessorDeps) {
+export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logger, maxItemBytes, metrics, onBatchEnded }: ProcessorDeps) {
   return async (job: Job<ChunkJobData>): Promise<ChunkReport> => {
     const parsed = chunkJobData.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid chunk job: ${parsed.error.issues.map((i) => i.path.join('.') + ' ' + i.message).join('; ')}`);
@@ -46,16 +49,19 @@ export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemB
       return { chunk: data.chunk, count: 0, completion: 'input-gone' };
     }
 
-    const spec: ChunkJob = { op: data.op, encoding: data.encoding, firstIndex: data.firstIndex, maxItemBytes };
-    let ring = await ringFor(keyCache, data);
-    let outcome = await pool.run(spec, input, ring.toData());
+    const spec: ChunkJob = { op: data.op, encoding: data.encoding, firstIndex: data.firstIndex, maxItemBytes, ...(data.context !== undefined ? { context: data.context } : {}) };
+    // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
+    // a rewrap with targetKey opens with the source key and seals under the target's.
+    let ring = data.op === 'decrypt' || data.targetKey ? await ringFor(keyCache, data) : await sealingRing(keyPolicy, data, data.key);
+    const target = data.targetKey ? await sealingRing(keyPolicy, data, data.targetKey) : undefined;
+    let outcome = await pool.run(spec, input, ring.toData(), target?.toData());
     if (outcome.newerVersionSeen) {
       // Some ciphertexts name a version newer than the cached ring: reload and run the chunk again.
       const fresh = await ringFor(keyCache, data, true);
       if (fresh.latestVersion > ring.latestVersion) {
         ring = fresh;
         const again = await batches.readInput(data.batchId, data.chunk);
-        if (again) outcome = await pool.run(spec, again, ring.toData());
+        if (again) outcome = await pool.run(spec, again, ring.toData(), target?.toData());
       }
     }
     if (outcome.count !== data.count) {
@@ -64,6 +70,9 @@ export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemB
 
     const completion = await batches.completeChunk(data.batchId, data.chunk, outcome);
     stopTimer();
+    if ((completion === 'progress' || completion === 'completed') && data.op !== 'decrypt') {
+      keyPolicy.counted(data.tenant, target ?? ring, outcome.succeeded);
+    }
     if (completion === 'progress' || completion === 'completed') {
       metrics.chunks.inc({ outcome: 'counted' });
       metrics.countItems(data.op, ring.type, 'batch', outcome.succeeded, outcome.failed);
@@ -79,6 +88,16 @@ export function createChunkProcessor({ batches, keyCache, pool, logger, maxItemB
     }
     return { chunk: data.chunk, count: outcome.count, completion };
   };
+}
+
+async function sealingRing(keyPolicy: KeyPolicy, data: ChunkJobData, key: string): Promise<KeyRing> {
+  try {
+    return await keyPolicy.forEncryption(data.tenant, key);
+  } catch (err) {
+    // A key gone, or one that cannot encrypt (legacy, nonce budget spent): no retry will help.
+    if (err instanceof KeyfleetError && err.status < 500) throw new UnrecoverableError(`key ${key}: ${err.code} ${err.message}`);
+    throw err;
+  }
 }
 
 async function ringFor(keyCache: KeyCache, data: ChunkJobData, fresh = false) {

@@ -3,6 +3,7 @@ import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
+import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
@@ -33,11 +34,12 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerThreadNice });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
+  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
   const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
     keys.queueName,
-    createChunkProcessor({ batches, keyCache, pool, logger, maxItemBytes: config.maxItemBytes, metrics, onBatchEnded: (id) => webhooks.deliver(batches, id) }),
+    createChunkProcessor({ batches, keyCache, keyPolicy, pool, logger, maxItemBytes: config.maxItemBytes, metrics, onBatchEnded: (id) => webhooks.deliver(batches, id) }),
     {
       connection: createRedis(config, { role: 'worker' }),
       prefix: keys.prefix,

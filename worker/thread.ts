@@ -20,7 +20,8 @@ export default function runTask(task: ThreadTask): Uint8Array {
     }
   }
   const ring = new KeyRing(task.ring);
-  const out = runChunkInto(task.job, task.input, ring, RESULT_HEADER_BYTES, task.kernel, nonces);
+  const target = task.target ? new KeyRing(task.target) : undefined;
+  const out = runChunkInto(task.job, task.input, ring, RESULT_HEADER_BYTES, task.kernel, nonces, target);
   writeResultHeader(out.buffer, out.count, out.succeeded, out.failed, out.newerVersionSeen);
   return move(out.buffer) as Uint8Array;
 }

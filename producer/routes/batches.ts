@@ -29,14 +29,14 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   }
 
   r.post('/v1/batches', { config: { scope: 'batches' }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
-    const { op, key, encoding, callbackUrl } = request.query;
+    const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     const body = request.body as AsyncIterable<Buffer> | undefined;
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
-      const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}) }, (intake) =>
+      const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) }, (intake) =>
         ndjson ? readNdjsonItems(items, intake, maxLine) : readJsonItems(items, intake), keepAlive,
       );
       request.log.info({ tenant, batchId, op, total }, 'batch accepted');

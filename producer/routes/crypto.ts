@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp } from '../../shared/schemas.js';
+import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoItem } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
 import { principalOf } from '../plugins/auth.js';
@@ -14,7 +14,7 @@ import { runSync } from '../sync-crypto.js';
  */
 export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
-  const { keyCache, metrics, idempotency } = app.services;
+  const { keyCache, keyPolicy, metrics, idempotency } = app.services;
   const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
@@ -29,18 +29,24 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       },
     }, async (request, reply) => {
       const { tenant } = principalOf(request);
-      const { items, encoding, mode, callbackUrl } = request.body;
+      const { items, encoding, mode, callbackUrl, context, targetKey } = request.body;
       const key = request.params.key;
       const goAsync = mode === 'async' || (mode === 'auto' && items.length > syncMaxItems);
       if (mode === 'sync' && items.length > syncMaxItems) {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
+      if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for rewrap only' : undefined);
+      const { texts, contexts, perItemContext } = normalise(items, context);
+      if (goAsync && perItemContext) {
+        throw new KeyfleetError('KF_VALIDATION', 'a context per item is for synchronous requests; a batch takes one context for all its items');
+      }
 
       const work = async (): Promise<Answer> => {
         metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
         if (goAsync) {
-          const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}) }, async (intake) => {
-            for (const item of items) {
+          const extra = { ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) };
+          const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...extra }, async (intake) => {
+            for (const item of texts) {
               intake.add(Buffer.from(item, 'utf8'));
               await intake.drain();
             }
@@ -48,14 +54,20 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
           request.log.info({ tenant, batchId, op, total, route: 'async' }, 'request became a batch');
           return jsonAnswer(202, { batchId, status: 'queued', total });
         }
-        const syncRequest = { op, items, encoding, maxItemBytes };
-        let ring = await keyCache.get(tenant, key);
+        // Encrypt and same-key rewrap seal under the key's latest version (rotated first when
+        // due); a rewrap with targetKey opens with this key and seals under the target.
+        let ring = op === 'decrypt' || targetKey ? await keyCache.get(tenant, key) : await keyPolicy.forEncryption(tenant, key);
+        const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey) : undefined;
+        const sealing = op === 'decrypt' ? undefined : (target ?? ring);
+        if (sealing?.convergent && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
+        const syncRequest = { op, items: texts, encoding, maxItemBytes, ...(contexts ? { contexts } : {}), ...(target ? { target } : {}) };
         let outcome = runSync(syncRequest, ring, kernel);
         if (outcome.newerVersionSeen) {
           // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
           ring = await keyCache.get(tenant, key, { fresh: true });
           outcome = runSync(syncRequest, ring, kernel);
         }
+        if (sealing) keyPolicy.counted(tenant, sealing, outcome.succeeded);
         metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
         // The body is already JSON, written by the kernel; fastify sends a Buffer as it is,
         // without the response schema's serializer (the schema documents the shape).
@@ -66,4 +78,15 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       return answerOnce(idempotency, request, reply, tenant, fingerprintBody, work);
     });
   }
+}
+
+/**
+ * Items as texts, and their contexts where any was given (an item's own, else the request's).
+ * The common request — strings, no context — passes through untouched.
+ */
+function normalise(items: readonly CryptoItem[], context: string | undefined): { texts: readonly string[]; contexts?: ReadonlyArray<string | undefined>; perItemContext: boolean } {
+  if (context === undefined && items.every((i) => typeof i === 'string')) return { texts: items as readonly string[], perItemContext: false };
+  const texts = items.map((i) => (typeof i === 'string' ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
+  const contexts = items.map((i) => (typeof i === 'string' ? context : (i.context ?? context)));
+  return { texts, contexts, perItemContext: items.some((i) => typeof i !== 'string' && i.context !== undefined) };
 }

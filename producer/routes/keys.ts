@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
-import { createKeyBody, errorResponse, keyInfo, keyParams, patchKeyBody } from '../../shared/schemas.js';
+import { z } from 'zod';
+import { createKeyBody, errorResponse, importKeyBody, keyInfo, keyParams, patchKeyBody, trimKeyBody } from '../../shared/schemas.js';
 import { principalOf } from '../plugins/auth.js';
 
 /** Named, versioned keys. Routes answer metadata only: key material never leaves the service. */
@@ -13,8 +14,19 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
 
   r.post('/v1/keys/:name', { config, schema: { tags, summary: 'Create a key (201), or find it with the same type (200)', params: keyParams, body: createKeyBody.nullish(), response: { ...answers, 201: keyInfo } } }, async (request, reply) => {
     const { tenant } = principalOf(request);
-    const { info, created } = await keyStore.create(tenant, request.params.name, request.body?.type ?? 'aes256-gcm96');
+    const { info, created } = await keyStore.create(tenant, request.params.name, { type: request.body?.type ?? 'aes256-gcm96', convergent: request.body?.convergent ?? false });
     return reply.status(created ? 201 : 200).send(info);
+  });
+
+  r.post('/v1/keys/:name/import', { config, schema: { tags, summary: 'Import the material of a legacy AES-256-CBC key (201); it only decrypts and rewraps', params: keyParams, body: importKeyBody, response: { 201: keyInfo, '4xx': errorResponse } } }, async (request, reply) => {
+    const { tenant } = principalOf(request);
+    const material = Buffer.from(request.body.material, 'base64');
+    try {
+      const { info } = await keyStore.create(tenant, request.params.name, { type: request.body.type, material });
+      return await reply.status(201).send(info);
+    } finally {
+      material.fill(0);
+    }
   });
 
   r.get('/v1/keys/:name', { config, schema: { tags, summary: 'A key’s metadata (never its material)', params: keyParams, response: answers } }, async (request) => {
@@ -28,10 +40,24 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
     return info;
   });
 
-  r.patch('/v1/keys/:name', { config, schema: { tags, summary: 'Retire versions below minDecryptionVersion', params: keyParams, body: patchKeyBody, response: answers } }, async (request) => {
+  r.patch('/v1/keys/:name', { config, schema: { tags, summary: 'Key policy: minDecryptionVersion, deletionAllowed, autoRotatePeriod (seconds)', params: keyParams, body: patchKeyBody, response: answers } }, async (request) => {
     const { tenant } = principalOf(request);
-    const info = await keyStore.setMinDecryptionVersion(tenant, request.params.name, request.body.minDecryptionVersion);
+    const info = await keyStore.patch(tenant, request.params.name, request.body);
     keyCache.forget(tenant, request.params.name);
     return info;
+  });
+
+  r.post('/v1/keys/:name/trim', { config, schema: { tags, summary: 'Delete the material of versions below minAvailableVersion (at most minDecryptionVersion)', params: keyParams, body: trimKeyBody, response: answers } }, async (request) => {
+    const { tenant } = principalOf(request);
+    const info = await keyStore.trim(tenant, request.params.name, request.body.minAvailableVersion);
+    keyCache.forget(tenant, request.params.name);
+    return info;
+  });
+
+  r.delete('/v1/keys/:name', { config, schema: { tags, summary: 'Delete a key marked deletionAllowed (204); every ciphertext under it is lost', params: keyParams, response: { 204: z.null().describe('the key is gone'), '4xx': errorResponse } } }, async (request, reply) => {
+    const { tenant } = principalOf(request);
+    await keyStore.delete(tenant, request.params.name);
+    keyCache.forget(tenant, request.params.name);
+    return reply.status(204).send(null);
   });
 }

@@ -1,0 +1,174 @@
+import type { FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../producer/app.js';
+import { bearer, configFrom, testEnv, type TestTenant } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
+
+const apps: FastifyInstance[] = [];
+const workers: RunningProcess[] = [];
+const redis = new Redis(testEnv().env['REDIS_URL']!);
+afterAll(async () => {
+  await Promise.all(workers.map((w) => w.stop()));
+  await Promise.all(apps.map((a) => a.close()));
+  await redis.quit();
+});
+
+async function api(env: Record<string, string>): Promise<FastifyInstance> {
+  const app = await buildApp({ config: configFrom(env) });
+  await app.ready();
+  apps.push(app);
+  return app;
+}
+
+const call = (app: FastifyInstance, who: TestTenant, method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, payload?: object) =>
+  app.inject({ method, url, headers: bearer(who), ...(payload === undefined ? {} : { payload }) });
+const results = async (app: FastifyInstance, who: TestTenant, op: string, key: string, body: object) => {
+  const res = await call(app, who, 'POST', `/v1/${op}/${key}`, body);
+  expect(res.statusCode, res.body).toBe(200);
+  return res.json().results as Array<{ ciphertext?: string; plaintext?: string; error?: { code: string } }>;
+};
+const waitFor = async (app: FastifyInstance, who: TestTenant, id: string) => {
+  for (let i = 0; i < 600; i++) {
+    const status = (await call(app, who, 'GET', `/v1/batches/${id}`)).json();
+    if (status.status !== 'queued' && status.status !== 'running') return status;
+    await sleep(50);
+  }
+  throw new Error(`batch ${id} did not end`);
+};
+const batchResults = async (app: FastifyInstance, who: TestTenant, id: string) =>
+  (await call(app, who, 'GET', `/v1/batches/${id}/results`)).body.trim().split('\n').map((l) => JSON.parse(l));
+
+describe('key types, context and convergent keys', () => {
+  const { env, admin } = testEnv({ SYNC_MAX_ITEMS: '50', CHUNK_ITEMS: '40' });
+  let app: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+    workers.push(await startWorker(env));
+  });
+
+  it('xchacha20-poly1305 keys encrypt and decrypt on the sync path and in batches (libsodium in the worker threads)', async () => {
+    const created = await call(app, admin, 'POST', '/v1/keys/tokens', { type: 'xchacha20-poly1305' });
+    expect(created.json()).toMatchObject({ type: 'xchacha20-poly1305', convergent: false });
+    const sealed = await results(app, admin, 'encrypt', 'tokens', { items: ['tok-1', 'tok-2'] });
+    // 24-byte nonce + 5-byte plaintext + 16-byte tag.
+    expect(Buffer.from(sealed[0]!.ciphertext!.slice(6), 'base64').length).toBe(24 + 5 + 16);
+    const items = Array.from({ length: 120 }, (_, i) => `token-${i}`);
+    const batch = (await call(app, admin, 'POST', '/v1/encrypt/tokens', { items })).json();
+    expect((await waitFor(app, admin, batch.batchId)).succeeded).toBe(120);
+    const cts = (await batchResults(app, admin, batch.batchId)).map((l) => l.ciphertext);
+    expect((await results(app, admin, 'decrypt', 'tokens', { items: [sealed[0]!.ciphertext!, ...cts.slice(0, 10)] })).map((r) => r.plaintext)).toEqual(['tok-1', ...items.slice(0, 10)]);
+  });
+
+  it('binds a context: the request’s or each item’s; decrypt needs the same one, a wrong one fails that item alone', async () => {
+    await call(app, admin, 'POST', '/v1/keys/pii');
+    const sealed = await results(app, admin, 'encrypt', 'pii', { context: 'customers', items: ['alice', { plaintext: 'bob', context: 'suppliers' }] });
+    const [alice, bob] = sealed.map((r) => r.ciphertext!);
+    const opened = await results(app, admin, 'decrypt', 'pii', { items: [{ ciphertext: alice!, context: 'customers' }, { ciphertext: bob!, context: 'suppliers' }, { ciphertext: alice!, context: 'suppliers' }, alice!] });
+    expect(opened.map((r) => r.plaintext ?? r.error!.code)).toEqual(['alice', 'bob', 'KF_DECRYPT_FAILED', 'KF_DECRYPT_FAILED']);
+    // A batch takes one context for all its items.
+    const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=decrypt&key=pii&context=customers', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: `${JSON.stringify(alice)}\n${JSON.stringify(bob)}\n` });
+    expect(upload.statusCode).toBe(202);
+    await waitFor(app, admin, upload.json().batchId);
+    expect((await batchResults(app, admin, upload.json().batchId)).map((l) => l.plaintext ?? l.error.code)).toEqual(['alice', 'KF_DECRYPT_FAILED']);
+  });
+
+  it('convergent keys give the same ciphertext for the same plaintext and context, and refuse to work without a context', async () => {
+    expect((await call(app, admin, 'POST', '/v1/keys/serial-index', { convergent: true })).json()).toMatchObject({ convergent: true });
+    const one = await results(app, admin, 'encrypt', 'serial-index', { context: 'serials', items: ['SN-1', 'SN-1', 'SN-2'] });
+    expect(one[0]!.ciphertext).toBe(one[1]!.ciphertext);
+    expect(one[0]!.ciphertext).not.toBe(one[2]!.ciphertext);
+    const again = await results(app, admin, 'encrypt', 'serial-index', { context: 'serials', items: ['SN-1'] });
+    expect(again[0]!.ciphertext).toBe(one[0]!.ciphertext);
+    const none = await call(app, admin, 'POST', '/v1/encrypt/serial-index', { items: ['SN-1'] });
+    expect(none.statusCode).toBe(400);
+    expect(none.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    const noBatchContext = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=serial-index', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: '"SN-1"\n' });
+    expect(noBatchContext.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    // Changing the key's convergence under the same name is refused.
+    expect((await call(app, admin, 'POST', '/v1/keys/serial-index', { convergent: false })).statusCode).toBe(409);
+  });
+});
+
+describe('nonce budget and automatic rotation', () => {
+  it('counts encryptions per version in Redis and rotates by itself at NONCE_ROTATE_SHARE of NONCE_LIMIT', async () => {
+    const { env, admin } = testEnv({ NONCE_LIMIT: '20', NONCE_ROTATE_SHARE: '0.5' });
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/budget');
+    await results(app, admin, 'encrypt', 'budget', { items: Array(10).fill('x') });
+    const hash = `${env['KEYFLEET_PREFIX']}:key:acme:budget`;
+    for (let i = 0; i < 100 && (await redis.hget(hash, 'n:1')) !== '10'; i++) await sleep(20);
+    expect(await redis.hget(hash, 'n:1')).toBe('10');
+    for (let i = 0; i < 100 && (await call(app, admin, 'GET', '/v1/keys/budget')).json().latestVersion === 1; i++) await sleep(20);
+    const next = await results(app, admin, 'encrypt', 'budget', { items: ['y'] });
+    expect(next[0]!.ciphertext).toMatch(/^kf:v2:/);
+    const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+    expect(metrics).toMatch(/keyfleet_key_auto_rotations_total\{reason="nonce_budget",component="api"\} 1/);
+    expect(metrics).toMatch(/keyfleet_nonce_budget_max_used_ratio\{component="api"\} 0\.5/);
+  });
+
+  it('refuses to encrypt past NONCE_LIMIT under one version (409) when rotation is left to the operator, and still decrypts', async () => {
+    const { env, admin } = testEnv({ NONCE_LIMIT: '5', NONCE_ROTATE_SHARE: '0' });
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/capped');
+    const sealed = await results(app, admin, 'encrypt', 'capped', { items: Array(5).fill('x') });
+    const hash = `${env['KEYFLEET_PREFIX']}:key:acme:capped`;
+    for (let i = 0; i < 100 && (await redis.hget(hash, 'n:1')) !== '5'; i++) await sleep(20);
+    const refused = await call(app, admin, 'POST', '/v1/encrypt/capped', { items: ['one more'] });
+    expect(refused.statusCode).toBe(409);
+    expect(refused.json().error.code).toBe('KF_NONCE_BUDGET_EXHAUSTED');
+    expect((await results(app, admin, 'decrypt', 'capped', { items: [sealed[0]!.ciphertext!] }))[0]!.plaintext).toBe('x');
+    // A rotation gives the key a fresh budget.
+    await call(app, admin, 'POST', '/v1/keys/capped/rotate');
+    expect((await results(app, admin, 'encrypt', 'capped', { items: ['one more'] }))[0]!.ciphertext).toMatch(/^kf:v2:/);
+  });
+
+  it('rotates a key whose autoRotatePeriod has passed before its next encryption', async () => {
+    const { env, admin } = testEnv();
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/periodic');
+    expect((await call(app, admin, 'PATCH', '/v1/keys/periodic', { autoRotatePeriod: 1 })).json().autoRotatePeriod).toBe(1);
+    await sleep(1_100);
+    expect((await results(app, admin, 'encrypt', 'periodic', { items: ['x'] }))[0]!.ciphertext).toMatch(/^kf:v2:/);
+  });
+});
+
+describe('key lifecycle', () => {
+  const { env, admin } = testEnv();
+  let app: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+  });
+
+  it('trims versions below minDecryptionVersion for good, and deletes only a key marked deletionAllowed', async () => {
+    await call(app, admin, 'POST', '/v1/keys/old');
+    const v1 = (await results(app, admin, 'encrypt', 'old', { items: ['one'] }))[0]!.ciphertext!;
+    await call(app, admin, 'POST', '/v1/keys/old/rotate');
+    const v2 = (await results(app, admin, 'encrypt', 'old', { items: ['two'] }))[0]!.ciphertext!;
+    const early = await call(app, admin, 'POST', '/v1/keys/old/trim', { minAvailableVersion: 2 });
+    expect(early.statusCode).toBe(400);
+    expect(early.json().error.code).toBe('KF_KEY_VERSION_INVALID');
+    await call(app, admin, 'PATCH', '/v1/keys/old', { minDecryptionVersion: 2 });
+    expect((await call(app, admin, 'POST', '/v1/keys/old/trim', { minAvailableVersion: 2 })).statusCode).toBe(200);
+    expect(await redis.hexists(`${env['KEYFLEET_PREFIX']}:key:acme:old`, 'm:1')).toBe(0);
+    // Lowering minDecryptionVersion again cannot bring v1 back: its material is gone.
+    await call(app, admin, 'PATCH', '/v1/keys/old', { minDecryptionVersion: 1 });
+    expect((await results(app, admin, 'decrypt', 'old', { items: [v1, v2] })).map((r) => r.plaintext ?? r.error!.code)).toEqual(['KF_DECRYPT_FAILED', 'two']);
+
+    const refused = await call(app, admin, 'DELETE', '/v1/keys/old');
+    expect(refused.statusCode).toBe(409);
+    expect(refused.json().error.code).toBe('KF_KEY_DELETION_NOT_ALLOWED');
+    expect((await call(app, admin, 'PATCH', '/v1/keys/old', { deletionAllowed: true })).json().deletionAllowed).toBe(true);
+    expect((await call(app, admin, 'DELETE', '/v1/keys/old')).statusCode).toBe(204);
+    expect((await call(app, admin, 'GET', '/v1/keys/old')).statusCode).toBe(404);
+  });
+
+  it('refuses empty and invalid policy changes with 400', async () => {
+    await call(app, admin, 'POST', '/v1/keys/policy');
+    for (const body of [{}, { autoRotatePeriod: -1 }, { deletionAllowed: 'yes' }, { minDecryptionVersion: 5 }]) {
+      const res = await call(app, admin, 'PATCH', '/v1/keys/policy', body);
+      expect(res.statusCode, JSON.stringify(body)).toBe(400);
+    }
+  });
+});
