@@ -37,8 +37,8 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const redis = createRedis(config, { role: 'api' });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
-  const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey));
-  const sealer = new AtRestSealer(masterKey);
+  const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey));
+  const sealer = new AtRestSealer(masterKey, config.previousMasterKey);
   const queueRedis = createRedis(config, { role: 'api' });
   const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
   const events = new BatchEvents(createRedis(config, { role: 'subscriber' }), keys);

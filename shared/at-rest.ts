@@ -15,26 +15,32 @@ const SALT = Buffer.from('keyfleet-at-rest-v1', 'utf8');
  */
 export class AtRestSealer {
   readonly #master: Buffer;
+  readonly #previous: Buffer | undefined;
 
-  constructor(masterKey: Buffer) {
-    if (masterKey.length !== KEY_BYTES) throw new Error(`at-rest sealer: expected a ${KEY_BYTES}-byte master key, got ${masterKey.length} bytes`);
+  /** Seals under `masterKey`; opens under it or, during a master-key rotation, under `previous`. */
+  constructor(masterKey: Buffer, previous?: Buffer) {
+    for (const key of [masterKey, previous]) {
+      if (key && key.length !== KEY_BYTES) throw new Error(`at-rest sealer: expected a ${KEY_BYTES}-byte master key, got ${key.length} bytes`);
+    }
     this.#master = masterKey;
+    this.#previous = previous;
   }
 
   /** Returns nonce ‖ ciphertext ‖ tag. */
   seal(purpose: AtRestPurpose, id: string, part: string, data: Buffer): Buffer {
-    return gcmSeal(this.#dataKey(purpose, id), randomBytes(NONCE_BYTES), aad(purpose, id, part), data);
+    return gcmSeal(this.#dataKey(this.#master, purpose, id), randomBytes(NONCE_BYTES), aad(purpose, id, part), data);
   }
 
   /** Opens what `seal` made; throws (without detail) when it fails authentication. */
   open(purpose: AtRestPurpose, id: string, part: string, sealed: Buffer): Buffer {
-    const data = gcmOpen(this.#dataKey(purpose, id), aad(purpose, id, part), sealed);
+    const data = gcmOpen(this.#dataKey(this.#master, purpose, id), aad(purpose, id, part), sealed) ??
+      (this.#previous ? gcmOpen(this.#dataKey(this.#previous, purpose, id), aad(purpose, id, part), sealed) : undefined);
     if (!data) throw new Error(`${purpose} ${id}: stored ${part} failed authentication (another master key, or tampered)`);
     return data;
   }
 
-  #dataKey(purpose: AtRestPurpose, id: string): Buffer {
-    return Buffer.from(hkdfSync('sha256', this.#master, SALT, `${purpose}:${id}`, KEY_BYTES));
+  #dataKey(master: Buffer, purpose: AtRestPurpose, id: string): Buffer {
+    return Buffer.from(hkdfSync('sha256', master, SALT, `${purpose}:${id}`, KEY_BYTES));
   }
 }
 

@@ -28,6 +28,8 @@ const envSchema = z.object({
   PORT: int(0, 65535).default(8080),
   KEYFLEET_TOKENS: z.string().optional(),
   KEYFLEET_MASTER_KEY: masterKey,
+  /** During a master-key rotation: the other master key, still accepted to unwrap and open. */
+  KEYFLEET_MASTER_KEY_PREVIOUS: masterKey,
   /** Redis key prefix; it must hold a `{hash tag}` so that every multi-key operation stays in one cluster slot. */
   KEYFLEET_PREFIX: z.string().regex(/^\{[^{}]+\}$/, 'expected a hash tag such as {keyfleet}').default('{keyfleet}'),
   /**
@@ -102,6 +104,7 @@ export interface Config {
   readonly port: number;
   readonly tokens: readonly TokenEntry[];
   readonly masterKey: Buffer | undefined;
+  readonly previousMasterKey: Buffer | undefined;
   readonly prefix: string;
   readonly syncMaxItems: number;
   readonly chunkItems: number;
@@ -139,7 +142,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {
       const name = issue.path.join('.');
-      const shown = name === 'KEYFLEET_MASTER_KEY' || name === 'KEYFLEET_TOKENS' || name === 'WEBHOOK_SECRET' ? '' : ` (got ${JSON.stringify(env[name])})`;
+      const shown = name.startsWith('KEYFLEET_MASTER_KEY') || name === 'KEYFLEET_TOKENS' || name === 'WEBHOOK_SECRET' ? '' : ` (got ${JSON.stringify(env[name])})`;
       return `${name}: ${issue.message}${shown}`;
     });
     throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
@@ -158,6 +161,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     port: e.PORT,
     tokens: Object.freeze(tokens),
     masterKey: e.KEYFLEET_MASTER_KEY,
+    previousMasterKey: e.KEYFLEET_MASTER_KEY_PREVIOUS,
     prefix: e.KEYFLEET_PREFIX,
     syncMaxItems: e.SYNC_MAX_ITEMS,
     chunkItems: e.CHUNK_ITEMS,

@@ -49,6 +49,12 @@ local removed = 0
 for v = 1, below - 1 do removed = removed + redis.call('HDEL', KEYS[1], 'm:' .. v, 'c:' .. v, 'n:' .. v) end
 return removed`;
 
+// Replaces one wrapped version only if it is still what was read (a rotation may race).
+const REWRAP = `
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1`;
+
 const DELETE = `
 local del = redis.call('HGET', KEYS[1], 'del')
 if not del then return -1 end
@@ -63,6 +69,7 @@ declare module 'ioredis' {
     kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string): Result<number, Context>;
     kfKeyTrim(key: string, minAvailableVersion: number): Result<number, Context>;
     kfKeyDelete(key: string): Result<number, Context>;
+    kfKeyRewrap(key: string, field: string, expected: string, wrapped: string): Result<number, Context>;
   }
 }
 
@@ -99,6 +106,7 @@ export class KeyStore {
     redis.defineCommand('kfKeyPatch', { numberOfKeys: 1, lua: PATCH });
     redis.defineCommand('kfKeyTrim', { numberOfKeys: 1, lua: TRIM });
     redis.defineCommand('kfKeyDelete', { numberOfKeys: 1, lua: DELETE });
+    redis.defineCommand('kfKeyRewrap', { numberOfKeys: 1, lua: REWRAP });
   }
 
   /** Creates the key with version 1; `created: false` when it already existed alike. Another type or convergence is a 409. */
@@ -165,6 +173,36 @@ export class KeyStore {
     const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name));
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_DELETION_NOT_ALLOWED');
+  }
+
+  /**
+   * Master-key rotation: rewraps every version of every key that is not under the current
+   * master key yet (it must be unwrappable: current or KEYFLEET_MASTER_KEY_PREVIOUS). Safe to run
+   * while the service runs, and again: values already current are left alone.
+   */
+  async rewrapAll(): Promise<{ keys: number; versions: number; rewrapped: number }> {
+    const counts = { keys: 0, versions: 0, rewrapped: 0 };
+    const prefix = this.#keys.key('', '').slice(0, -1); // `${prefix}:key:`
+    const nodes = 'nodes' in this.#redis ? this.#redis.nodes('master') : [this.#redis];
+    for (const node of nodes) {
+      for await (const batch of node.scanStream({ match: `${prefix}*`, count: 500 }) as AsyncIterable<string[]>) {
+        for (const redisKey of batch) {
+          const [tenant, name] = redisKey.slice(prefix.length).split(':') as [string, string];
+          const fields = await this.#redis.hgetall(redisKey);
+          counts.keys++;
+          for (const [field, wrapped] of Object.entries(fields)) {
+            if (!field.startsWith('m:')) continue;
+            counts.versions++;
+            if (this.#master.isCurrent(wrapped)) continue;
+            const version = Number(field.slice(2));
+            const material = this.#master.unwrap(wrapped, tenant, name, version);
+            counts.rewrapped += await this.#redis.kfKeyRewrap(redisKey, field, wrapped, this.#master.wrap(material, tenant, name, version));
+            material.fill(0);
+          }
+        }
+      }
+    }
+    return counts;
   }
 
   /** Counts encryptions under a version (one call per chunk or request); returns the new total. */

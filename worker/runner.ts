@@ -29,8 +29,8 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const redis = createRedis(config, { role: 'worker' });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
-  const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey) });
-  const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey)), config.keyCacheTtlMs);
+  const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
+  const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey)), config.keyCacheTtlMs);
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerThreadNice });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);

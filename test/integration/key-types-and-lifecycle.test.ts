@@ -1,5 +1,8 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../producer/app.js';
@@ -170,5 +173,41 @@ describe('key lifecycle', () => {
       const res = await call(app, admin, 'PATCH', '/v1/keys/policy', body);
       expect(res.statusCode, JSON.stringify(body)).toBe(400);
     }
+  });
+});
+
+describe('master-key rotation', () => {
+  it('runs with both master keys during the switch, rewraps every key under the new one, then needs only the new one', async () => {
+    const { env, admin } = testEnv();
+    const oldApp = await api(env);
+    await call(oldApp, admin, 'POST', '/v1/keys/longlived');
+    const v1 = (await results(oldApp, admin, 'encrypt', 'longlived', { items: ['before'] }))[0]!.ciphertext!;
+    // A batch sealed at rest under the old master key, still queued.
+    const queued = await oldApp.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=longlived', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: '"queued during the switch"\n' });
+
+    const newKey = randomBytes(32).toString('base64');
+    const both = { ...env, KEYFLEET_MASTER_KEY: newKey, KEYFLEET_MASTER_KEY_PREVIOUS: env['KEYFLEET_MASTER_KEY']! };
+    const switching = await api(both);
+    expect((await results(switching, admin, 'decrypt', 'longlived', { items: [v1] }))[0]!.plaintext).toBe('before');
+    await call(switching, admin, 'POST', '/v1/keys/longlived/rotate');
+    const v2 = (await results(switching, admin, 'encrypt', 'longlived', { items: ['during'] }))[0]!.ciphertext!;
+
+    const script = resolve(import.meta.dirname, '..', '..', 'dist', 'scripts', 'rotate-master-key.js');
+    const output = execFileSync(process.execPath, [script], { env: { PATH: process.env['PATH'] ?? '', ...both, LOG_LEVEL: 'silent' } }).toString();
+    expect(output).toMatch(/1 keys, 2 versions, 1 rewrapped under the new master key/);
+    const fields = await redis.hgetall(`${env['KEYFLEET_PREFIX']}:key:acme:longlived`);
+    expect(new Set([fields['m:1']!.split(':')[1], fields['m:2']!.split(':')[1]]).size).toBe(1);
+
+    // The batch sealed under the old key still runs in a worker that accepts both.
+    const worker = await startWorker(both);
+    workers.push(worker);
+    const done = await waitFor(switching, admin, queued.json().batchId);
+    expect(done).toMatchObject({ status: 'completed', succeeded: 1 });
+
+    const newOnly = await api({ ...env, KEYFLEET_MASTER_KEY: newKey });
+    expect((await results(newOnly, admin, 'decrypt', 'longlived', { items: [v1, v2] })).map((r) => r.plaintext)).toEqual(['before', 'during']);
+    // And the old master key alone no longer opens the key: it says so.
+    const stale = await call(await api(env), admin, 'POST', '/v1/decrypt/longlived', { items: [v1] });
+    expect(stale.json().error.code).toBe('KF_MASTER_KEY_MISMATCH');
   });
 });

@@ -1,0 +1,20 @@
+// Rewraps every key's material under KEYFLEET_MASTER_KEY, unwrapping with it or with
+// KEYFLEET_MASTER_KEY_PREVIOUS. Run it once every API and worker accepts both (SECURITY.md).
+import { loadConfig, requireMasterKey } from '../shared/config.js';
+import { KeyStore } from '../shared/key-store.js';
+import { MasterKey } from '../shared/master-key.js';
+import { createRedis, RedisKeys } from '../shared/redis.js';
+
+const config = loadConfig();
+if (!config.previousMasterKey) {
+  console.error('rotate-master-key: set KEYFLEET_MASTER_KEY to the new key and KEYFLEET_MASTER_KEY_PREVIOUS to the old one');
+  process.exit(1);
+}
+const redis = createRedis(config, { role: 'tool' });
+try {
+  const store = new KeyStore(redis, new RedisKeys(config.prefix), new MasterKey(requireMasterKey(config), config.previousMasterKey));
+  const { keys, versions, rewrapped } = await store.rewrapAll();
+  console.log(`rotate-master-key: ${keys} keys, ${versions} versions, ${rewrapped} rewrapped under the new master key`);
+} finally {
+  redis.disconnect();
+}
