@@ -20,7 +20,7 @@ export const CATALOGUE = {
   KF_CONTEXT_REQUIRED: { status: 400, message: 'a convergent key needs a context for every item' },
   KF_NONCE_BUDGET_EXHAUSTED: { status: 409, message: 'the key version has made as many encryptions as its nonces allow; rotate the key' },
   KF_TARGET_KEY_INVALID: { status: 400, message: 'targetKey must name another key, of a type that encrypts' },
-  KF_KEY_VERSION_INVALID: { status: 400, message: 'minDecryptionVersion must be between 1 and the latest version' },
+  KF_KEY_VERSION_INVALID: { status: 400, message: 'the version must be between 1 and the latest version' },
   KF_BATCH_NOT_FOUND: { status: 404, message: 'no such batch' },
   KF_BATCH_NOT_READY: { status: 409, message: 'the batch has not completed' },
   KF_BATCH_DELETED: { status: 410, message: 'the batch results were deleted' },

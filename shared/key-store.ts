@@ -13,7 +13,7 @@ import type { KeyInfo, KeyPolicyPatch } from './schemas.js';
 const CREATE = `
 local t = redis.call('HGET', KEYS[1], 'type')
 if t then return t .. ':' .. (redis.call('HGET', KEYS[1], 'conv') or '0') end
-redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0)
+redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'minEnc', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0)
 return ''`;
 
 // Optimistic: the new version's material is wrapped (bound to its version) before the script
@@ -26,14 +26,17 @@ local n = tonumber(l) + 1
 redis.call('HSET', KEYS[1], 'latest', n, 'm:' .. n, ARGV[2], 'c:' .. n, ARGV[3])
 return n`;
 
-// Policy changes in one script: ARGV minDec, del, arp ('' = unchanged).
+// Policy changes in one script: ARGV minDec, del, arp, minEnc ('' = unchanged).
 const PATCH = `
 local l = redis.call('HGET', KEYS[1], 'latest')
 if not l then return -1 end
-if ARGV[1] ~= '' then
-  local v = tonumber(ARGV[1])
-  if v < 1 or v > tonumber(l) then return -2 end
-  redis.call('HSET', KEYS[1], 'minDec', v)
+for i, field in ipairs({ 'minDec', 'minEnc' }) do
+  local arg = ARGV[i == 1 and 1 or 4]
+  if arg ~= '' then
+    local v = tonumber(arg)
+    if v < 1 or v > tonumber(l) then return -2 end
+    redis.call('HSET', KEYS[1], field, v)
+  end
 end
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'del', ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'arp', ARGV[3]) end
@@ -66,7 +69,7 @@ declare module 'ioredis' {
   interface RedisCommander<Context> {
     kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number): Result<string, Context>;
     kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number): Result<number, Context>;
-    kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string): Result<number, Context>;
+    kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string): Result<number, Context>;
     kfKeyTrim(key: string, minAvailableVersion: number): Result<number, Context>;
     kfKeyDelete(key: string): Result<number, Context>;
     kfKeyRewrap(key: string, field: string, expected: string, wrapped: string): Result<number, Context>;
@@ -124,7 +127,7 @@ export class KeyStore {
   }
 
   async info(tenant: string, name: string): Promise<KeyInfo> {
-    const [type, conv, latest, minDec, createdAt, del, arp] = await this.#redis.hmget(this.#keys.key(tenant, name), 'type', 'conv', 'latest', 'minDec', 'createdAt', 'del', 'arp');
+    const [type, conv, latest, minDec, createdAt, del, arp, minEnc] = await this.#redis.hmget(this.#keys.key(tenant, name), 'type', 'conv', 'latest', 'minDec', 'createdAt', 'del', 'arp', 'minEnc');
     if (!type || !latest || !minDec || !createdAt) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     return {
       name,
@@ -132,6 +135,7 @@ export class KeyStore {
       convergent: conv === '1',
       latestVersion: Number(latest),
       minDecryptionVersion: Number(minDec),
+      minEncryptionVersion: Number(minEnc ?? 1),
       deletionAllowed: del === '1',
       autoRotatePeriod: Number(arp ?? 0),
       createdAt,
@@ -154,7 +158,7 @@ export class KeyStore {
 
   async patch(tenant: string, name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
     const arg = (v: number | boolean | undefined) => (v === undefined ? '' : typeof v === 'boolean' ? (v ? '1' : '0') : String(v));
-    const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod));
+    const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod), arg(patch.minEncryptionVersion));
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID');
     return this.info(tenant, name);
@@ -233,6 +237,7 @@ export class KeyStore {
       convergent: fields['conv'] === '1',
       latestVersion: latest,
       minDecryptionVersion: Number(fields['minDec']),
+      minEncryptionVersion: Number(fields['minEnc'] ?? 1),
       versions,
     });
     return {

@@ -31,13 +31,15 @@ export const importKeyBody = z
 export const patchKeyBody = z
   .object({
     minDecryptionVersion: z.number().int().min(1).optional(),
+    /** The lowest version an encrypt call may pin with keyVersion. */
+    minEncryptionVersion: z.number().int().min(1).optional(),
     /** Allows DELETE /v1/keys/{name}. */
     deletionAllowed: z.boolean().optional(),
     /** Seconds after which the next encryption rotates the key first; 0 turns it off. */
     autoRotatePeriod: z.number().int().min(0).max(10 * 365 * 86_400).optional(),
   })
   .strict()
-  .refine((p) => Object.keys(p).length > 0, 'expected at least one of minDecryptionVersion, deletionAllowed, autoRotatePeriod');
+  .refine((p) => Object.keys(p).length > 0, 'expected at least one of minDecryptionVersion, minEncryptionVersion, deletionAllowed, autoRotatePeriod');
 export type KeyPolicyPatch = z.infer<typeof patchKeyBody>;
 export const trimKeyBody = z.object({ minAvailableVersion: z.number().int().min(1) }).strict();
 export const keyInfo = z.object({
@@ -46,6 +48,7 @@ export const keyInfo = z.object({
   convergent: z.boolean(),
   latestVersion: z.number().int(),
   minDecryptionVersion: z.number().int(),
+  minEncryptionVersion: z.number().int(),
   deletionAllowed: z.boolean(),
   autoRotatePeriod: z.number().int(),
   createdAt: z.string(),
@@ -70,6 +73,8 @@ export const cryptoBody = z
     context: context.optional(),
     /** Rewrap only: re-encrypt into this key (e.g. from a legacy key into a modern one). */
     targetKey: keyName.optional(),
+    /** Encrypt only, sync only: seal under this version (minEncryptionVersion..latest) instead of the latest. */
+    keyVersion: z.number().int().min(1).optional(),
     encoding: encoding.default('utf8'),
     mode: z.enum(['auto', 'sync', 'async']).default('auto'),
     /** When the request becomes a batch: where its final status is POSTed, signed. */

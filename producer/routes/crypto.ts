@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoItem } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
@@ -29,13 +30,14 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       },
     }, async (request, reply) => {
       const { tenant } = principalOf(request);
-      const { items, encoding, mode, callbackUrl, context, targetKey } = request.body;
+      const { items, encoding, mode, callbackUrl, context, targetKey, keyVersion } = request.body;
       const key = request.params.key;
       const goAsync = mode === 'async' || (mode === 'auto' && items.length > syncMaxItems);
       if (mode === 'sync' && items.length > syncMaxItems) {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
       if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for rewrap only' : undefined);
+      if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
       const { texts, contexts, perItemContext } = normalise(items, context);
       if (goAsync && perItemContext) {
         throw new KeyfleetError('KF_VALIDATION', 'a context per item is for synchronous requests; a batch takes one context for all its items');
@@ -57,6 +59,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         // Encrypt and same-key rewrap seal under the key's latest version (rotated first when
         // due); a rewrap with targetKey opens with this key and seals under the target.
         let ring = op === 'decrypt' || targetKey ? await keyCache.get(tenant, key) : await keyPolicy.forEncryption(tenant, key);
+        if (keyVersion !== undefined) ring = pin(ring, keyVersion);
         const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey) : undefined;
         const sealing = op === 'decrypt' ? undefined : (target ?? ring);
         if (sealing?.convergent && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
@@ -89,4 +92,13 @@ function normalise(items: readonly CryptoItem[], context: string | undefined): {
   const texts = items.map((i) => (typeof i === 'string' ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
   const contexts = items.map((i) => (typeof i === 'string' ? context : (i.context ?? context)));
   return { texts, contexts, perItemContext: items.some((i) => typeof i !== 'string' && i.context !== undefined) };
+}
+
+/** The ring sealing under a caller's keyVersion, or a clear 400. */
+function pin(ring: KeyRing, keyVersion: number): KeyRing {
+  try {
+    return ring.pinned(keyVersion);
+  } catch {
+    throw new KeyfleetError('KF_KEY_VERSION_INVALID', `keyVersion must be between minEncryptionVersion (${ring.minEncryptionVersion}) and the latest version (${ring.latestVersion}) of a version that still exists`);
+  }
 }

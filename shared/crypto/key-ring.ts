@@ -16,6 +16,8 @@ export interface KeyRingData {
   readonly convergent?: boolean;
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
+  /** The lowest version a caller may ask to encrypt under (keyVersion); default 1. */
+  readonly minEncryptionVersion?: number;
   readonly versions: ReadonlyArray<{ readonly version: number; readonly material: Uint8Array }>;
 }
 
@@ -58,6 +60,7 @@ export class KeyRing {
   readonly convergent: boolean;
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
+  readonly minEncryptionVersion: number;
   readonly #data: KeyRingData;
   readonly #versions = new Map<number, VersionEntry>();
   readonly #native: readonly NativeVersionEntry[];
@@ -69,6 +72,7 @@ export class KeyRing {
     this.convergent = data.convergent === true;
     this.latestVersion = data.latestVersion;
     this.minDecryptionVersion = data.minDecryptionVersion;
+    this.minEncryptionVersion = data.minEncryptionVersion ?? 1;
     for (const v of data.versions) this.#versions.set(v.version, new VersionEntry(data.name, v.version, v.material));
     if (!this.#versions.has(this.latestVersion)) throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
     this.#native = [...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad }));
@@ -81,6 +85,18 @@ export class KeyRing {
 
   version(v: number): VersionEntry | undefined {
     return this.#versions.get(v);
+  }
+
+  /**
+   * The same ring sealing under `version` (a caller's keyVersion): it must lie between
+   * minEncryptionVersion and the latest, and still have its material.
+   */
+  pinned(version: number): KeyRing {
+    if (version === this.latestVersion) return this;
+    if (version < this.minEncryptionVersion || version > this.latestVersion || !this.#versions.has(version)) {
+      throw new RangeError(`key ${this.name}: keyVersion ${version} is outside ${this.minEncryptionVersion}..${this.latestVersion}`);
+    }
+    return new KeyRing({ ...this.#data, latestVersion: version, versions: this.#data.versions.filter((v) => v.version <= version) });
   }
 
   /** True where the native OpenSSL kernel can do this key's work: random-nonce AES-GCM without context. */

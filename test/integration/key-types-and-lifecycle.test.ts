@@ -167,6 +167,26 @@ describe('key lifecycle', () => {
     expect((await call(app, admin, 'GET', '/v1/keys/old')).statusCode).toBe(404);
   });
 
+  it('lets an encrypt call pin keyVersion, never below minEncryptionVersion nor above the latest', async () => {
+    await call(app, admin, 'POST', '/v1/keys/pinned');
+    await call(app, admin, 'POST', '/v1/keys/pinned/rotate');
+    await call(app, admin, 'POST', '/v1/keys/pinned/rotate');
+    const encryptAt = (keyVersion: number) => call(app, admin, 'POST', '/v1/encrypt/pinned', { items: ['x'], keyVersion });
+    expect((await encryptAt(1)).json().results[0].ciphertext).toMatch(/^kf:v1:/);
+    expect((await call(app, admin, 'PATCH', '/v1/keys/pinned', { minEncryptionVersion: 2 })).json().minEncryptionVersion).toBe(2);
+    for (const refused of [1, 4]) {
+      const res = await encryptAt(refused);
+      expect(res.statusCode).toBe(400);
+      expect(res.json().error.code).toBe('KF_KEY_VERSION_INVALID');
+    }
+    const v2 = (await encryptAt(2)).json().results[0].ciphertext;
+    expect(v2).toMatch(/^kf:v2:/);
+    expect((await results(app, admin, 'decrypt', 'pinned', { items: [v2] }))[0]!.plaintext).toBe('x');
+    expect((await results(app, admin, 'encrypt', 'pinned', { items: ['x'] }))[0]!.ciphertext).toMatch(/^kf:v3:/);
+    expect((await call(app, admin, 'PATCH', '/v1/keys/pinned', { minEncryptionVersion: 4 })).statusCode).toBe(400);
+    expect((await call(app, admin, 'POST', '/v1/decrypt/pinned', { items: [v2], keyVersion: 2 })).statusCode).toBe(400);
+  });
+
   it('refuses empty and invalid policy changes with 400', async () => {
     await call(app, admin, 'POST', '/v1/keys/policy');
     for (const body of [{}, { autoRotatePeriod: -1 }, { deletionAllowed: 'yes' }, { minDecryptionVersion: 5 }]) {

@@ -28,7 +28,7 @@ describe('keys', () => {
     const created = await app.inject({ method: 'POST', url: '/v1/keys/licences', headers: bearer(admin) });
     expect(created.statusCode).toBe(201);
     expect(created.json()).toMatchObject({ name: 'licences', type: 'aes256-gcm96', latestVersion: 1, minDecryptionVersion: 1 });
-    expect(Object.keys(created.json()).sort()).toEqual(['autoRotatePeriod', 'convergent', 'createdAt', 'deletionAllowed', 'latestVersion', 'minDecryptionVersion', 'name', 'type']);
+    expect(Object.keys(created.json()).sort()).toEqual(['autoRotatePeriod', 'convergent', 'createdAt', 'deletionAllowed', 'latestVersion', 'minDecryptionVersion', 'minEncryptionVersion', 'name', 'type']);
     const again = await post('/v1/keys/licences', { type: 'aes256-gcm96' });
     expect(again.statusCode).toBe(200);
     const otherType = await post('/v1/keys/licences', { type: 'rsa-4096' });
