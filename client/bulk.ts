@@ -19,6 +19,8 @@ export interface BulkOptions {
   readonly resume?: string;
   readonly idempotencyKey?: string;
   readonly callbackUrl?: string;
+  readonly context?: string;
+  readonly targetKey?: string;
   /** Where messages go (stderr). */
   readonly log: (line: string) => void;
   readonly interactive?: boolean;
@@ -52,7 +54,14 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
     const started = Date.now();
     const accepted = await client.createBatchFromNdjson(
-      { op, key, ...(options.encoding ? { encoding: options.encoding } : {}), ...(options.idempotencyKey ? { idempotencyKey: options.idempotencyKey } : {}), ...(options.callbackUrl ? { callbackUrl: options.callbackUrl } : {}) },
+      {
+        op, key,
+        ...(options.encoding ? { encoding: options.encoding } : {}),
+        ...(options.idempotencyKey ? { idempotencyKey: options.idempotencyKey } : {}),
+        ...(options.callbackUrl ? { callbackUrl: options.callbackUrl } : {}),
+        ...(options.context !== undefined ? { context: options.context } : {}),
+        ...(options.targetKey ? { targetKey: options.targetKey } : {}),
+      },
       () => ndjsonPieces(input, options.ndjson, lines, (read) => upload.update(read, size, started)),
     );
     upload.stop();

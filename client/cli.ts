@@ -3,13 +3,14 @@ import { createWriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { projectVersion } from '../shared/project-root.js';
-import { KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
+import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
 import type { BatchOp } from '../shared/schemas.js';
 import { runBulk } from './bulk.js';
 import { KeyfleetApiError, KeyfleetClient } from './client.js';
 
 /** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
 const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
+const DONE = { encrypt: 'encrypted', decrypt: 'decrypted', rewrap: 'rewrapped' } as const;
 
 const log = (line: string): void => void process.stderr.write(line + '\n');
 const print = (value: unknown): void => void process.stdout.write(JSON.stringify(value, null, 2) + '\n');
@@ -46,8 +47,11 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .option('--resume <batchId>', 'pick up an earlier batch: wait for it and download the rest of its results into --out')
     .option('--idempotency-key <key>', 'makes a retried upload return the same batch instead of a second one')
     .option('--callback-url <url>', 'the service POSTs the final status here, signed')
+    .option('--context <context>', 'bound into every item (decrypt and rewrap need the same)')
+
     .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials --in serials.txt --out serials.${op === 'decrypt' ? 'txt' : 'enc'}`)
-    .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string }, command: Command) => {
+    .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
+    .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
       const client = clientOf(command);
       process.once('SIGINT', () => {
         log('\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume <batchId>, printed above)');
@@ -56,7 +60,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       const started = Date.now();
       const outcome = await runBulk(client, { op, ...opts, log });
       const seconds = (Date.now() - started) / 1000;
-      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${op}ed into ${opts.out} in ${seconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${seconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
       process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
     });
 }
@@ -65,9 +69,10 @@ const keys = program.command('keys').description('create, show and rotate keys (
 keys
   .command('create <name>')
   .description('create a key (or find it, if it exists with the same type)')
-  .addOption(new Option('--type <type>', 'the key type').choices([...KEY_TYPES]))
-  .action(async (name: string, opts: { type?: KeyType }, command: Command) => {
-    const { created, ...info } = await clientOf(command).createKey(name, opts.type);
+  .addOption(new Option('--type <type>', 'the key type').choices([...CREATABLE_KEY_TYPES]))
+  .option('--convergent', 'the same plaintext and context give the same ciphertext (every call then needs --context)', false)
+  .action(async (name: string, opts: { type?: KeyType; convergent: boolean }, command: Command) => {
+    const { created, ...info } = await clientOf(command).createKey(name, opts.type, { convergent: opts.convergent });
     log(created ? `keyfleet: key ${name} created` : `keyfleet: key ${name} exists`);
     print(info);
   });

@@ -10,6 +10,7 @@ import {
   type BatchStatusBody,
   type CryptoResponse,
   type KeyInfo,
+  type KeyPolicyPatch,
   type ResultLine,
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
@@ -40,6 +41,10 @@ export class KeyfleetApiError extends Error {
 export interface CryptoOptions {
   readonly encoding?: 'utf8' | 'base64';
   readonly mode?: 'auto' | 'sync' | 'async';
+  /** Bound into the associated data; decrypt and rewrap need the same one. */
+  readonly context?: string;
+  /** Rewrap only: re-encrypt into this key. */
+  readonly targetKey?: string;
   /** Makes a retry of this call safe: the same key and request give the first answer again. */
   readonly idempotencyKey?: string;
 }
@@ -48,6 +53,9 @@ export interface BatchRequest {
   readonly op: BatchOp;
   readonly key: string;
   readonly encoding?: 'utf8' | 'base64';
+  readonly context?: string;
+  /** op=rewrap only: re-encrypt into this key (migration from a legacy key). */
+  readonly targetKey?: string;
   readonly idempotencyKey?: string;
   /** Where the API POSTs the final status, signed (see verifyWebhookSignature). */
   readonly callbackUrl?: string;
@@ -79,9 +87,31 @@ export class KeyfleetClient {
   }
 
   // ---- keys -----------------------------------------------------------------------------
-  async createKey(name: string, type?: KeyType): Promise<KeyInfo & { created: boolean }> {
-    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, type ? { type } : undefined);
+  async createKey(name: string, type?: KeyType, options: { convergent?: boolean } = {}): Promise<KeyInfo & { created: boolean }> {
+    const body = type || options.convergent ? { ...(type ? { type } : {}), ...(options.convergent ? { convergent: true } : {}) } : undefined;
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body);
     return { ...(await this.#json(res, keyInfo)), created: res.status === 201 };
+  }
+
+  /** Imports a legacy AES-256-CBC key (32 bytes): it decrypts and rewraps, into another key with targetKey. */
+  async importLegacyKey(name: string, material: Uint8Array): Promise<KeyInfo> {
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/import`, { type: 'legacy-aes256-cbc', material: Buffer.from(material).toString('base64') });
+    return this.#json(res, keyInfo, 201);
+  }
+
+  /** Changes a key's policy: minDecryptionVersion, minEncryptionVersion, deletionAllowed, autoRotatePeriod. */
+  async patchKey(name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
+    return this.#json(await this.#send('PATCH', `/v1/keys/${encodeURIComponent(name)}`, patch), keyInfo);
+  }
+
+  async trimKey(name: string, minAvailableVersion: number): Promise<KeyInfo> {
+    return this.#json(await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/trim`, { minAvailableVersion }), keyInfo);
+  }
+
+  /** Deletes a key marked deletionAllowed. */
+  async deleteKey(name: string): Promise<void> {
+    const res = await this.#send('DELETE', `/v1/keys/${encodeURIComponent(name)}`);
+    if (res.status !== 204) throw await apiError(res);
   }
 
   async getKey(name: string): Promise<KeyInfo> {
@@ -92,9 +122,6 @@ export class KeyfleetClient {
     return this.#json(await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/rotate`), keyInfo);
   }
 
-  async setMinDecryptionVersion(name: string, minDecryptionVersion: number): Promise<KeyInfo> {
-    return this.#json(await this.#send('PATCH', `/v1/keys/${encodeURIComponent(name)}`, { minDecryptionVersion }), keyInfo);
-  }
 
   // ---- sync crypto ----------------------------------------------------------------------
   encrypt(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
@@ -128,7 +155,8 @@ export class KeyfleetClient {
 
   /** Uploads an NDJSON body (one JSON string per line) as it is, streamed. */
   async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted> {
-    const query = new URLSearchParams({ op: request.op, key: request.key, ...(request.encoding ? { encoding: request.encoding } : {}), ...(request.callbackUrl ? { callbackUrl: request.callbackUrl } : {}) });
+    const { op, key, encoding, callbackUrl, context, targetKey } = request;
+    const query = new URLSearchParams({ op, key, ...(encoding ? { encoding } : {}), ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) });
     const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', ...(request.idempotencyKey ? { 'idempotency-key': request.idempotencyKey } : {}) };
     const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body });
     return this.#json(res, batchAccepted, 202);

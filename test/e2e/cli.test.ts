@@ -155,7 +155,7 @@ describe('the typed client', () => {
         res.writeHead(503, { 'retry-after': '1', 'content-type': 'application/json' }).end('{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"later"}}');
         return;
       }
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ name: 'k', type: 'aes256-gcm96', latestVersion: 1, minDecryptionVersion: 1, createdAt: 'now' }));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ name: 'k', type: 'aes256-gcm96', convergent: false, latestVersion: 1, minDecryptionVersion: 1, minEncryptionVersion: 1, deletionAllowed: false, autoRotatePeriod: 0, createdAt: 'now' }));
     });
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
     try {
