@@ -10,6 +10,17 @@ import type { Redis } from './redis.js';
 // large argument into the Lua VM costs Redis more CPU than storing it (bench: "Redis CPU per
 // million items"). They are written with a plain SET beside the script and moved by RENAME.
 
+/** Lua, ending a script: completes the batch (KEYS[1]) once it is sealed and every chunk is done, else publishes progress. */
+const completeWhenDone = ({ now, channel, ttl }: { now: string; channel: string; ttl: string }): string => `
+if redis.call('HGET', KEYS[1], 'sealed') == '1' and tonumber(redis.call('HGET', KEYS[1], 'chunksDone')) == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
+  redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ${now})
+  redis.call('EXPIRE', KEYS[1], ${ttl})
+  redis.call('PUBLISH', ${channel}, 'completed')
+  return 2
+end
+redis.call('PUBLISH', ${channel}, 'progress')
+return 1`;
+
 /** KEYS meta, input, backlog, upload · ARGV count, leaseMs. The input was SET just before. */
 const ADD_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -37,18 +48,11 @@ redis.call('UNLINK', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'processed', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'succeeded', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'failed', ARGV[4])
-local done = redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
+redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
 redis.call('DECRBY', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[4], ttl)
 if status == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running', 'startedAt', ARGV[6]) end
-if redis.call('HGET', KEYS[1], 'sealed') == '1' and done == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ARGV[6])
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('PUBLISH', ARGV[7], 'completed')
-  return 2
-end
-redis.call('PUBLISH', ARGV[7], 'progress')
-return 1`;
+${completeWhenDone({ now: 'ARGV[6]', channel: 'ARGV[7]', ttl: 'ttl' })}`;
 
 /** KEYS meta, upload · ARGV now, channel, ttl. */
 const SEAL = `
@@ -57,14 +61,7 @@ if not status then return -1 end
 if status == 'cancelled' or status == 'failed' then return -2 end
 redis.call('HSET', KEYS[1], 'sealed', 1)
 redis.call('DEL', KEYS[2])
-if tonumber(redis.call('HGET', KEYS[1], 'chunksDone')) == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[2], 'completed')
-  return 2
-end
-redis.call('PUBLISH', ARGV[2], 'progress')
-return 1`;
+${completeWhenDone({ now: 'ARGV[1]', channel: 'ARGV[2]', ttl: 'ARGV[3]' })}`;
 
 /**
  * KEYS meta, backlog, upload · ARGV code, message, now, channel, onlyIfAbandoned, base.

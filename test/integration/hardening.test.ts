@@ -1,27 +1,18 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildApp } from '../../producer/app.js';
-import { bearer, configFrom, testEnv, type TestTenant } from '../helpers/env.js';
+import { call, TestApis } from '../helpers/apps.js';
+import { testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // Each describe gets its own environment (prefix, master key, tokens) and its own limits.
-const apps: FastifyInstance[] = [];
+const apis = new TestApis();
+const api = (env: Record<string, string>) => apis.start(env);
 const redis = new Redis(testEnv().env['REDIS_URL']!);
 afterAll(async () => {
-  await Promise.all(apps.map((a) => a.close()));
+  await apis.close();
   await redis.quit();
 });
-
-async function api(env: Record<string, string>): Promise<FastifyInstance> {
-  const app = await buildApp({ config: configFrom(env) });
-  await app.ready();
-  apps.push(app);
-  return app;
-}
-
-const call = (app: FastifyInstance, who: TestTenant, method: 'GET' | 'POST' | 'DELETE', url: string, payload?: object | string, headers: Record<string, string> = {}) =>
-  app.inject({ method, url, headers: { ...bearer(who), ...headers }, ...(payload === undefined ? {} : { payload }) });
 
 const ndjson = (items: string[]) => items.map((i) => JSON.stringify(i)).join('\n') + '\n';
 const upload = (app: FastifyInstance, who: TestTenant, op: string, items: string[], headers: Record<string, string> = {}) =>

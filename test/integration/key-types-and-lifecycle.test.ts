@@ -5,28 +5,19 @@ import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildApp } from '../../producer/app.js';
-import { bearer, configFrom, testEnv, type TestTenant } from '../helpers/env.js';
+import { call, TestApis } from '../helpers/apps.js';
+import { bearer, testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
-const apps: FastifyInstance[] = [];
+const apis = new TestApis();
+const api = (env: Record<string, string>) => apis.start(env);
 const workers: RunningProcess[] = [];
 const redis = new Redis(testEnv().env['REDIS_URL']!);
 afterAll(async () => {
   await Promise.all(workers.map((w) => w.stop()));
-  await Promise.all(apps.map((a) => a.close()));
+  await apis.close();
   await redis.quit();
 });
-
-async function api(env: Record<string, string>): Promise<FastifyInstance> {
-  const app = await buildApp({ config: configFrom(env) });
-  await app.ready();
-  apps.push(app);
-  return app;
-}
-
-const call = (app: FastifyInstance, who: TestTenant, method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, payload?: object) =>
-  app.inject({ method, url, headers: bearer(who), ...(payload === undefined ? {} : { payload }) });
 const results = async (app: FastifyInstance, who: TestTenant, op: string, key: string, body: object) => {
   const res = await call(app, who, 'POST', `/v1/${op}/${key}`, body);
   expect(res.statusCode, res.body).toBe(200);
