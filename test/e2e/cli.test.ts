@@ -10,7 +10,8 @@ import { freePort } from '../helpers/net.js';
 import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 
 const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
-const { env, admin } = testEnv({ CHUNK_ITEMS: '5000' });
+// No key cache: a rotation done through the API shows in the worker's next chunk (by default within KEY_CACHE_TTL_MS).
+const { env, admin } = testEnv({ CHUNK_ITEMS: '5000', KEY_CACHE_TTL_MS: '0' });
 let api: RunningProcess;
 let worker: RunningProcess;
 let url: string;
