@@ -48,11 +48,12 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
   const metrics = new ApiMetrics(registry);
+  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
   return {
     redis,
     keyStore,
     keyCache,
-    keyPolicy: new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger),
+    keyPolicy,
     batches,
     idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds),
     queue,
@@ -61,7 +62,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     metrics,
     webhooks,
     async close() {
-      await Promise.allSettled([queue.close(), events.close(), webhooks.close()]);
+      await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.flush()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);
     },
   };

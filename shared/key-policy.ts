@@ -14,7 +14,12 @@ export interface NoncePolicy {
 /**
  * What happens around encryption: a key due for rotation (its autoRotatePeriod passed, or its
  * latest version used NONCE_ROTATE_SHARE of its nonce budget) rotates first; a version at its
- * NONCE_LIMIT refuses; encryptions are counted in Redis, one increment per chunk or request.
+ * NONCE_LIMIT refuses; encryptions are counted in Redis.
+ *
+ * Counts are gathered per version and written together: at once when a count is large (a
+ * worker's chunk), else at most COUNT_FLUSH_MS later, so the sync path makes no Redis round
+ * trip of its own for counting. Counts not yet written are part of what this process checks
+ * against the budget; `flush()` writes them before the process closes its connections.
  */
 export class KeyPolicy {
   readonly #cache: KeyCache;
@@ -23,6 +28,9 @@ export class KeyPolicy {
   readonly #logger: Logger;
   /** Totals this process saw after its own increments, fresher than the cached load. */
   readonly #counted = new Map<string, number>();
+  /** Encryptions made here and not yet written to Redis, by version. */
+  readonly #pending = new Map<string, { tenant: string; ring: KeyRing; count: number }>();
+  #flushTimer: NodeJS.Timeout | undefined;
   #maxUsed = 0;
 
   constructor(cache: KeyCache, policy: NoncePolicy, metrics: CryptoMetrics, logger: Logger) {
@@ -38,14 +46,14 @@ export class KeyPolicy {
     if (key.ring.type === 'legacy-aes256-cbc') {
       throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy-aes256-cbc key only decrypts and rewraps (into another key with targetKey)');
     }
-    const used = Math.max(key.latestEncryptions, this.#counted.get(this.#id(tenant, name, key.ring.latestVersion)) ?? 0);
+    const used = this.#used(tenant, name, key.ring.latestVersion, key.latestEncryptions);
     const periodDue = key.autoRotatePeriod > 0 && Date.now() - key.latestCreatedMs >= key.autoRotatePeriod * 1000;
     const budgetDue = budgeted(key.ring) && this.#policy.rotateShare > 0 && used >= this.#policy.rotateShare * this.#policy.limit;
     if (periodDue || budgetDue) {
       await this.#rotate(tenant, name, key.ring.latestVersion, periodDue ? 'period' : 'nonce_budget');
       key = await this.#cache.loaded(tenant, name, { fresh: true });
     }
-    const latestUsed = Math.max(key.latestEncryptions, this.#counted.get(this.#id(tenant, name, key.ring.latestVersion)) ?? 0);
+    const latestUsed = this.#used(tenant, name, key.ring.latestVersion, key.latestEncryptions);
     if (budgeted(key.ring) && latestUsed >= this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
     return key.ring;
   }
@@ -53,17 +61,45 @@ export class KeyPolicy {
   /** Counts `count` encryptions under `ring`'s latest version; never throws (counting must not fail the work done). */
   counted(tenant: string, ring: KeyRing, count: number): void {
     if (count <= 0) return;
+    const id = this.#id(tenant, ring.name, ring.latestVersion);
+    const entry = this.#pending.get(id);
+    if (entry) entry.count += count;
+    else this.#pending.set(id, { tenant, ring, count });
+    if (count >= COUNT_NOW) void this.flush();
+    else this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
+  }
+
+  /** Writes every count gathered so far; resolves when Redis has them (or refused them, logged). */
+  async flush(): Promise<void> {
+    clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    const entries = [...this.#pending.values()];
+    this.#pending.clear();
+    await Promise.all(entries.map(({ tenant, ring, count }) => this.#write(tenant, ring, count)));
+  }
+
+  async #write(tenant: string, ring: KeyRing, count: number): Promise<void> {
     const version = ring.latestVersion;
-    this.#cache.store.countEncryptions(tenant, ring.name, version, count).then(
-      async (total) => {
-        this.#counted.set(this.#id(tenant, ring.name, version), total);
-        if (!budgeted(ring)) return;
-        this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
-        this.#metrics.nonceBudgetUsed.set(this.#maxUsed);
-        if (this.#policy.rotateShare > 0 && total >= this.#policy.rotateShare * this.#policy.limit) await this.#rotate(tenant, ring.name, version, 'nonce_budget');
-      },
-      (err: Error) => this.#logger.warn({ err: { message: err.message } }, 'could not count encryptions'),
-    ).catch((err: Error) => this.#logger.warn({ err: { message: err.message } }, 'automatic rotation failed'));
+    let total: number;
+    try {
+      total = await this.#cache.store.countEncryptions(tenant, ring.name, version, count);
+    } catch (err) {
+      this.#logger.warn({ err: { message: (err as Error).message } }, 'could not count encryptions');
+      return;
+    }
+    this.#counted.set(this.#id(tenant, ring.name, version), total);
+    if (!budgeted(ring)) return;
+    this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
+    this.#metrics.nonceBudgetUsed.set(this.#maxUsed);
+    if (this.#policy.rotateShare > 0 && total >= this.#policy.rotateShare * this.#policy.limit) {
+      await this.#rotate(tenant, ring.name, version, 'nonce_budget').catch((err: Error) => this.#logger.warn({ err: { message: err.message } }, 'automatic rotation failed'));
+    }
+  }
+
+  /** Encryptions under a version as far as this process knows: Redis's latest total, plus its own unwritten ones. */
+  #used(tenant: string, name: string, version: number, loaded: number): number {
+    const id = this.#id(tenant, name, version);
+    return Math.max(loaded, this.#counted.get(id) ?? 0) + (this.#pending.get(id)?.count ?? 0);
   }
 
   async #rotate(tenant: string, name: string, fromVersion: number, reason: 'period' | 'nonce_budget'): Promise<void> {
@@ -79,6 +115,10 @@ export class KeyPolicy {
     return `${tenant}\u0000${name}\u0000${version}`;
   }
 }
+
+/** How long a small count may wait to be written, and the count that is written at once. */
+const COUNT_FLUSH_MS = 50;
+const COUNT_NOW = 1_000;
 
 /** Only random 96-bit nonces have a budget: XChaCha20's 192-bit nonces and convergent nonces do not. */
 const budgeted = (ring: KeyRing): boolean => ring.type === 'aes256-gcm96' && !ring.convergent;

@@ -102,6 +102,18 @@ describe('nonce budget and automatic rotation', () => {
     expect(metrics).toMatch(/keyfleet_nonce_budget_max_used_ratio\{component="api"\} 0\.5/);
   });
 
+  it('writes every count the sync path gathered, at the latest when the API closes', async () => {
+    const { env, admin } = testEnv();
+    const app = await apis.start(env);
+    await call(app, admin, 'POST', '/v1/keys/gathered');
+    await Promise.all(Array.from({ length: 20 }, () => results(app, admin, 'encrypt', 'gathered', { items: ['a', 'b', 'c'] })));
+    await call(app, admin, 'POST', '/v1/encrypt/gathered', { items: ['d'] });
+    // The last count is at most 50 ms old: closing writes it rather than dropping it.
+    await app.close();
+    const hash = `${env['KEYFLEET_PREFIX']}:key:acme:gathered`;
+    expect(await redis.hget(hash, 'n:1')).toBe('61');
+  });
+
   it('refuses to encrypt past NONCE_LIMIT under one version (409) when rotation is left to the operator, and still decrypts', async () => {
     const { env, admin } = testEnv({ NONCE_LIMIT: '5', NONCE_ROTATE_SHARE: '0' });
     const app = await api(env);
