@@ -56,10 +56,10 @@ export async function syncBench(seconds: number): Promise<Row[]> {
 
 /**
  * Isolation: 10-item encrypt p99 while batches of `batchItems` run back to back, against the
- * same load idle, with the worker's threads at the given niceness.
+ * same load idle, with the worker process (event loop and threads) at the given niceness.
  */
 export async function isolationBench(seconds: number, batchItems: number, nice: number): Promise<Row[]> {
-  const stack = await startStack({ WORKER_THREAD_NICE: String(nice) });
+  const stack = await startStack({ WORKER_NICE: String(nice) });
   try {
     await call(stack, 'POST', '/v1/keys/bench');
     const ten = { items: makeItems(10, 'sync') };
@@ -90,8 +90,8 @@ export async function isolationBench(seconds: number, batchItems: number, nice: 
     await feeder;
     if (idle.errors + during.errors + busy.errors > 0) throw new Error(`isolation bench: ${idle.errors + during.errors + busy.errors} failed requests`);
     return [
-      { section: 'isolation', name: `encrypt 10 items p99 during one ${batchItems.toLocaleString('en-US')}-item batch, worker threads at nice ${nice}`, value: during.p99, unit: 'ms', reference: idle.p99, ratio: during.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; the batch took ${(oneMs / 1000).toFixed(1)} s; ${Math.round(during.rps)} vs ${Math.round(idle.rps)} req/s` },
-      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back, worker threads at nice ${nice}`, value: busy.p99, unit: 'ms', reference: idle.p99, ratio: busy.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${batches} batches; ${Math.round(busy.rps)} vs ${Math.round(idle.rps)} req/s` },
+      { section: 'isolation', name: `encrypt 10 items p99 during one ${batchItems.toLocaleString('en-US')}-item batch, worker at nice ${nice}`, value: during.p99, unit: 'ms', reference: idle.p99, ratio: during.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; the batch took ${(oneMs / 1000).toFixed(1)} s; ${Math.round(during.rps)} vs ${Math.round(idle.rps)} req/s` },
+      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back, worker at nice ${nice}`, value: busy.p99, unit: 'ms', reference: idle.p99, ratio: busy.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${batches} batches; ${Math.round(busy.rps)} vs ${Math.round(idle.rps)} req/s` },
     ];
   } finally {
     await stack.stop();

@@ -86,10 +86,11 @@ const envSchema = z.object({
   /** How long an Idempotency-Key and the answer it gave are kept. */
   IDEMPOTENCY_TTL_SECONDS: int(60).default(86_400),
   /**
-   * Niceness of a worker's crypto threads (0 = as the API, 19 = lowest). Where API and workers
-   * share cores, a positive value lets the sync path's requests go first (bench: isolation).
+   * Niceness of a worker process, its event loop and crypto threads alike (0 = as the API, 19 =
+   * lowest). Where API and workers share cores, the sync path's requests then go first (bench:
+   * isolation); on a machine of its own a worker runs as fast at any niceness.
    */
-  WORKER_THREAD_NICE: int(0, 19).default(10),
+  WORKER_NICE: int(0, 19).default(19),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
@@ -127,7 +128,7 @@ export interface Config {
   readonly webhookSecret: string | undefined;
   readonly webhookAllowedHosts: readonly string[];
   readonly workerMetricsPort: number;
-  readonly workerThreadNice: number;
+  readonly workerNice: number;
   readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
 }
@@ -184,7 +185,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookSecret: e.WEBHOOK_SECRET,
     webhookAllowedHosts: Object.freeze(e.WEBHOOK_ALLOWED_HOSTS.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean)),
     workerMetricsPort: e.WORKER_METRICS_PORT,
-    workerThreadNice: e.WORKER_THREAD_NICE,
+    workerNice: e.WORKER_NICE,
     kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
   });

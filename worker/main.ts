@@ -1,10 +1,13 @@
 import { loadConfig } from '../shared/config.js';
 import { createLogger } from '../shared/logger.js';
+import { lowerProcessPriority } from '../shared/priority.js';
 import { startWorker } from './runner.js';
 
 /** The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0. */
 const config = loadConfig();
 const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
+// Before any thread starts, so that the crypto threads and libuv's pool inherit it.
+if (!lowerProcessPriority(config.workerNice)) logger.warn({ nice: config.workerNice }, 'could not lower the worker\'s priority: it competes with the API as an equal');
 const worker = await startWorker(config, logger);
 
 let closing = false;

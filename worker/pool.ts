@@ -9,7 +9,7 @@ export interface CryptoPoolOptions {
   readonly threads: number;
   /** Which crypto kernel the threads use: the native one where built (`auto`), or always `js`. */
   readonly kernel: KernelChoice;
-  /** Niceness of the threads (WORKER_THREAD_NICE). */
+  /** Niceness of the threads (WORKER_NICE). */
   readonly nice: number;
 }
 

@@ -12,7 +12,8 @@ let niced = false;
 export default function runTask(task: ThreadTask): Uint8Array {
   if (!niced) {
     niced = true;
-    // On Linux, priority 0 means the calling thread: this thread only, not the worker's event loop.
+    // On Linux, priority 0 means the calling thread. The worker process has set its own threads
+    // already (worker/main.ts); this covers a pool started in another process (tests).
     try {
       setPriority(0, task.nice);
     } catch {
