@@ -1,4 +1,5 @@
-import rateLimit from '@fastify/rate-limit';
+import rateLimit, { type FastifyRateLimitStore, type FastifyRateLimitStoreCtor } from '@fastify/rate-limit';
+import { createRequire } from 'node:module';
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { KeyfleetError } from '../../shared/errors.js';
@@ -12,12 +13,34 @@ export interface RateLimitOptions {
   readonly perSecond: number;
 }
 
+// The plugin's own Redis store (a Lua INCR + PEXPIRE per request), not in its typed exports.
+type RedisStoreCtor = new (continueExceeding: boolean, exponentialBackoff: boolean, redis: Redis, key: string) => FastifyRateLimitStore;
+const RedisStore = createRequire(import.meta.url)('@fastify/rate-limit/store/RedisStore.js') as RedisStoreCtor;
+
+/**
+ * The plugin's Redis store, except that routes of one `groupId` share one budget: its own
+ * store keys every route apart (method and URL), so the three sync routes would each get the
+ * whole limit. The request key already carries the group.
+ */
+function groupedRedisStore(redis: Redis, namespace: string): FastifyRateLimitStoreCtor {
+  class GroupedRedisStore extends RedisStore {
+    override child(options: Parameters<FastifyRateLimitStore['child']>[0]): FastifyRateLimitStore {
+      return (options as { groupId?: string }).groupId ? this : super.child(options);
+    }
+  }
+  return class {
+    constructor() {
+      return new GroupedRedisStore(false, false, redis, namespace);
+    }
+  } as unknown as FastifyRateLimitStoreCtor;
+}
+
 /** The opt-in of a route: its requests count against the tenant's shared sync budget. */
 export const SYNC_RATE_LIMIT = { groupId: 'sync' } as const;
 
 /**
  * Per-tenant rate limits counted in Redis (@fastify/rate-limit's Redis store), so every API
- * replica draws on one budget. It runs after authentication (preHandler) to know the tenant.
+ * replica draws on one budget, and the sync routes on one budget between them. It runs after authentication (preHandler) to know the tenant.
  * When Redis is down it lets requests through: the sync path needs no Redis, and a limiter
  * should not turn a Redis outage into a full one.
  */
@@ -25,8 +48,7 @@ export const rateLimitPlugin = fp(async (app: FastifyInstance, { redis, prefix, 
   if (perSecond === 0) return;
   await app.register(rateLimit, {
     global: false,
-    redis,
-    nameSpace: `${prefix}:rate:`,
+    store: groupedRedisStore(redis, `${prefix}:rate:`),
     hook: 'preHandler',
     max: perSecond,
     timeWindow: 1_000,

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { call, TestApis } from '../helpers/apps.js';
 import { testEnv, type TestTenant } from '../helpers/env.js';
@@ -114,6 +115,14 @@ describe('backpressure and rate limits', () => {
     // Both replicas refused some: the budget is the tenant's, not a replica's.
     expect(new Set(answers.flatMap((a, i) => (a.statusCode === 429 ? [i % 2] : []))).size).toBe(2);
     expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['x'] })).statusCode).toBe(200);
+  });
+
+  it('counts one replica’s requests against another’s, and the three sync routes as one budget', async () => {
+    await sleep(1_100); // the last test's window lapses; a new one starts with the next request
+    for (const op of ['encrypt', 'encrypt', 'encrypt', 'encrypt']) expect((await call(app, admin, 'POST', `/v1/${op}/serials`, { items: ['x'] })).statusCode).toBe(200);
+    const other = await Promise.all(['encrypt', 'decrypt', 'rewrap'].map((op) => call(replica, admin, 'POST', `/v1/${op}/serials`, { items: ['x'] })));
+    // 4 through the other replica + these 3 against a limit of 5: one more passes, two are refused.
+    expect(other.map((a) => a.statusCode).sort()).toEqual([200, 429, 429]);
   });
 });
 
