@@ -480,13 +480,102 @@ static napi_value run(napi_env env, napi_callback_info info) {
   return result;
 }
 
+// ---- NDJSON upload packing -------------------------------------------------------------
+
+enum { PACK_DONE = 0, PACK_SLOW_LINE = 1, PACK_FULL = 2 };
+
+// Packs the lines of src[start, end) (every line ends in '\n') into out as chunk items, for as
+// long as each line is blank or a plain ASCII JSON string: after dropping a trailing CR and
+// spaces/tabs at either end, '"' ... '"' with no '"', '\\', byte < 0x20 or >= 0x80 inside. It is
+// the fast path of producer/ndjson-items.ts, which handles every other line itself.
+// Stops at the first other line (PACK_SLOW_LINE, next = that line's start), after max_items
+// items (PACK_FULL), or at end (PACK_DONE). Returns the bytes written to out, or -1 if out
+// could not hold the next item (the caller reserves 2 × (end - start), which always does).
+static long pack_lines(const uint8_t *src, size_t start, size_t end, uint8_t *out, size_t out_cap, uint32_t max_items, uint32_t max_item, uint32_t *items, size_t *next, uint32_t *reason) {
+  size_t at = 0, pos = start;
+  uint32_t n = 0;
+  *reason = PACK_DONE;
+  while (pos < end) {
+    if (n >= max_items) { *reason = PACK_FULL; break; }
+    const uint8_t *nl = memchr(src + pos, '\n', end - pos);
+    if (!nl) break; // a partial line is the caller's
+    size_t line_end = (size_t)(nl - src), s = pos, e = line_end;
+    if (e > s && src[e - 1] == '\r') e--;
+    while (s < e && (src[s] == ' ' || src[s] == '\t')) s++;
+    while (e > s && (src[e - 1] == ' ' || src[e - 1] == '\t')) e--;
+    if (s == e) { pos = line_end + 1; continue; } // a blank line is no item
+    int plain = e - s >= 2 && src[s] == '"' && src[e - 1] == '"';
+    for (size_t i = s + 1; plain && i < e - 1; i++) {
+      uint8_t b = src[i];
+      if (b == '"' || b == '\\' || b < 0x20 || b >= 0x80) plain = 0;
+    }
+    if (!plain) { *reason = PACK_SLOW_LINE; break; }
+    size_t len = e - s - 2;
+    int too_large = len > max_item;
+    size_t need = 5 + (too_large ? 0 : len);
+    if (at + need > out_cap) return -1;
+    out[at] = too_large ? ITEM_TOO_LARGE : ITEM_OK;
+    uint32_t l32 = too_large ? 0 : (uint32_t)len;
+    out[at + 1] = (uint8_t)l32; out[at + 2] = (uint8_t)(l32 >> 8); out[at + 3] = (uint8_t)(l32 >> 16); out[at + 4] = (uint8_t)(l32 >> 24);
+    if (!too_large) memcpy(out + at + 5, src + s + 1, len);
+    at += need;
+    n++;
+    pos = line_end + 1;
+  }
+  *items = n;
+  *next = pos;
+  return (long)at;
+}
+
+static int typed_u8(napi_env env, napi_value v, uint8_t **data, size_t *len) {
+  bool is;
+  napi_typedarray_type type;
+  size_t off;
+  void *base;
+  napi_value ab;
+  if (napi_is_typedarray(env, v, &is) != napi_ok || !is || napi_get_typedarray_info(env, v, &type, len, &base, &ab, &off) != napi_ok || type != napi_uint8_array) return 0;
+  *data = base;
+  return 1;
+}
+
+// packLines(src, out, state): state is a Uint32Array
+// [start, end, outAt, maxItems, maxItemBytes | out: items, next, reason]; items go to out from outAt.
+static napi_value pack_lines_js(napi_env env, napi_callback_info info) {
+  size_t argc = 3;
+  napi_value argv[3];
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  uint8_t *src, *out;
+  size_t src_len, out_len;
+  if (argc != 3 || !typed_u8(env, argv[0], &src, &src_len) || !typed_u8(env, argv[1], &out, &out_len)) return throw_msg(env, "packLines(src, out, state): src and out must be Uint8Arrays");
+  bool is;
+  napi_typedarray_type type;
+  size_t length, off;
+  void *base;
+  napi_value ab;
+  if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &length, &base, &ab, &off) != napi_ok || type != napi_uint32_array || length != 8)
+    return throw_msg(env, "packLines: state must be a Uint32Array(8)");
+  uint32_t *st = base;
+  size_t start = st[0], end = st[1], out_at = st[2];
+  if (start > end || end > src_len || out_at > out_len) return throw_msg(env, "packLines: range out of bounds");
+  uint32_t items, reason;
+  size_t next;
+  long written = pack_lines(src, start, end, out + out_at, out_len - out_at, st[3], st[4], &items, &next, &reason);
+  if (written < 0) return throw_msg(env, "packLines: output buffer too small");
+  st[2] = (uint32_t)(out_at + (size_t)written);
+  st[5] = items;
+  st[6] = (uint32_t)next;
+  st[7] = reason;
+  return NULL;
+}
+
 NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
   memset(B64_REV, -1, sizeof B64_REV);
   for (int i = 0; i < 64; i++) B64_REV[(uint8_t)B64[i]] = (int8_t)i;
   napi_property_descriptor props[] = {
     {"setErrors", NULL, set_errors, NULL, NULL, NULL, napi_default, NULL},
     {"run", NULL, run, NULL, NULL, NULL, napi_default, NULL},
+    {"packLines", NULL, pack_lines_js, NULL, NULL, NULL, napi_default, NULL},
   };
-  if (napi_define_properties(env, exports, 2, props) != napi_ok) return NULL;
+  if (napi_define_properties(env, exports, 3, props) != napi_ok) return NULL;
   return exports;
 }

@@ -3,11 +3,17 @@ import { KeyfleetError } from '../shared/errors.js';
 import type { Queue } from 'bullmq';
 import type { BatchStore, BatchSpec } from '../shared/batch-store.js';
 import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
+import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { chunkJobId, CHUNK_JOB } from '../shared/queue.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 
 /** Chunk writes (store + enqueue) an upload keeps in flight: memory stays at a few chunks. */
 const MAX_IN_FLIGHT = 3;
+
+/** Whether `addPlainLines` can run here (the native kernel is built). */
+export const canPackLines = nativeKernel !== undefined;
+const PACK_STATE = new Uint32Array(8);
+const PACK_SLOW_LINE = 1;
 
 export interface IntakeOptions {
   readonly chunkItems: number;
@@ -64,6 +70,35 @@ export class BatchIntake {
     if (end - start > this.#options.maxItemBytes) this.#packer.addRejected(ITEM_TOO_LARGE);
     else this.#packer.addRange(source, start, end);
     this.#counted();
+  }
+
+  /**
+   * Packs the lines of `source[start, end)` (each ending in a newline) with the native packer,
+   * for as long as they are plain ASCII JSON strings or blank, filling chunks as it goes.
+   * Returns where it stopped: `end`, or the start of a line left to the caller's parser.
+   * Only where the native kernel is built (`canPackLines`).
+   */
+  addPlainLines(source: Buffer, start: number, end: number): number {
+    const state = PACK_STATE;
+    let at = start;
+    while (at < end) {
+      const room = Math.min(this.#options.chunkItems - this.#packer.count, this.#options.maxItems + 1 - this.#total);
+      // Each line of n bytes packs into at most 5 + (n - 3) bytes: 2 × the span always fits.
+      const { buffer, at: outAt } = this.#packer.writable(2 * (end - at));
+      state[0] = at;
+      state[1] = end;
+      state[2] = outAt;
+      state[3] = room;
+      state[4] = this.#options.maxItemBytes;
+      nativeKernel!.packLines(source, buffer, state);
+      const items = state[5]!;
+      this.#packer.wrote(state[2]!, items);
+      at = state[6]!;
+      this.#total += items - 1;
+      this.#counted(); // the batch limit, and a full chunk set aside
+      if (state[7] === PACK_SLOW_LINE) return at;
+    }
+    return at;
   }
 
   /** Adds an item that is not a string; it fails alone, in its place. */

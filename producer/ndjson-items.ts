@@ -1,5 +1,5 @@
 import { isUtf8 } from 'node:buffer';
-import type { BatchIntake } from './batch-intake.js';
+import { canPackLines, type BatchIntake } from './batch-intake.js';
 
 const NL = 0x0a;
 const CR = 0x0d;
@@ -9,29 +9,38 @@ const BACKSLASH = 0x5c;
 /**
  * Feeds NDJSON (one JSON string per line) into an intake as it streams in. A line that is a
  * plain JSON string (no escapes, no control characters) is copied as its bytes straight into
- * the chunk — no decode, no JSON.parse, no per-line allocation; anything else goes through
- * JSON.parse. A line that is not a string fails that item only. A line longer than
+ * the chunk — no decode, no JSON.parse, no per-line allocation; where the native kernel is
+ * built, runs of plain ASCII lines are packed by it in one call per piece. Anything else goes
+ * through JSON.parse. A line that is not a string fails that item only. A line longer than
  * `maxLineBytes` is skipped up to its newline and fails as too large.
  */
-export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: BatchIntake, maxLineBytes: number): Promise<void> {
+export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: BatchIntake, maxLineBytes: number, { native = canPackLines } = {}): Promise<void> {
   let carry: Buffer | undefined;
   let skipping = false;
   for await (const piece of body) {
     let start = 0;
-    let at = piece.indexOf(NL, start);
-    while (at !== -1) {
+    const first = piece.indexOf(NL);
+    // The line begun in an earlier piece ends at this piece's first newline.
+    if (first !== -1 && (skipping || carry)) {
       if (skipping) {
         skipping = false;
-      } else if (carry) {
-        const line = Buffer.concat([carry, piece.subarray(start, at)]);
+      } else {
+        const line = Buffer.concat([carry!, piece.subarray(0, first)]);
         carry = undefined;
         if (line.length > maxLineBytes) intake.rejectTooLarge();
         else takeLine(line, 0, line.length, intake);
-      } else {
-        takeLine(piece, start, at, intake);
       }
+      start = first + 1;
+    }
+    const last = piece.lastIndexOf(NL);
+    while (start <= last) {
+      if (native) {
+        start = intake.addPlainLines(piece, start, last + 1);
+        if (start > last) break;
+      }
+      const at = piece.indexOf(NL, start);
+      takeLine(piece, start, at, intake);
       start = at + 1;
-      at = piece.indexOf(NL, start);
     }
     if (start < piece.length && !skipping) {
       // Copy: the rest of this piece outlives it.

@@ -46,6 +46,21 @@ export class ChunkPacker {
     this.#count++;
   }
 
+  /**
+   * Room for `bytes` more, for a writer that packs items into the buffer itself (the native
+   * NDJSON packer): the buffer and the offset to write at. `wrote` then records what it wrote.
+   */
+  writable(bytes: number): { buffer: Buffer; at: number } {
+    this.#reserve(bytes);
+    return { buffer: this.#buf, at: this.#at };
+  }
+
+  /** Records `items` items written through `writable`, ending at byte `at`. */
+  wrote(at: number, items: number): void {
+    this.#at = at;
+    this.#count += items;
+  }
+
   /** The items added so far as one buffer (its own memory); the packer starts a new chunk. */
   take(): Buffer {
     const out = Buffer.from(this.#buf.subarray(0, this.#at));
@@ -61,7 +76,6 @@ export class ChunkPacker {
     this.#buf = grown;
   }
 }
-
 
 /** Calls `visit` for each packed item in order. Throws on a truncated buffer (a corrupt chunk). */
 export function forEachItem(packed: Buffer, visit: (flag: ItemFlag, bytes: Buffer, index: number) => void): number {

@@ -9,6 +9,13 @@ export type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 interface NativeAddon {
   setErrors(errors: string[]): void;
   run(params: Uint32Array, versions: readonly NativeVersion[], input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
+  /**
+   * Packs the plain-string lines of an NDJSON piece as chunk items (the fast path of
+   * producer/ndjson-items.ts). `state` is [start, end, outAt, maxItems, maxItemBytes] in and
+   * [.., .., outAt, .., .., items, next, reason] out; reason 0 = done, 1 = a line it leaves to
+   * JavaScript starts at `next`, 2 = maxItems packed.
+   */
+  packLines(src: Uint8Array, out: Uint8Array, state: Uint32Array): void;
 }
 
 /** A call's scalars, [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion], and the key versions. */

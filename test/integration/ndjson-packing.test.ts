@@ -1,0 +1,105 @@
+import { Redis } from 'ioredis';
+import { randomBytes } from 'node:crypto';
+import { afterAll, describe, expect, it } from 'vitest';
+import { BatchIntake, canPackLines } from '../../producer/batch-intake.js';
+import { readNdjsonItems } from '../../producer/ndjson-items.js';
+import { AtRestSealer } from '../../shared/at-rest.js';
+import { BatchStore } from '../../shared/batch-store.js';
+import { forEachItem, ITEM_NOT_STRING, ITEM_OK, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
+import { createChunkQueue } from '../../shared/queue.js';
+import { RedisKeys } from '../../shared/redis.js';
+import { testEnv } from '../helpers/env.js';
+
+const { env } = testEnv();
+const redis = new Redis(env['REDIS_URL']!);
+const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+const store = new BatchStore(redis, keys, { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer: new AtRestSealer(randomBytes(32)) });
+const queue = createChunkQueue(redis, keys, { attempts: 1 });
+afterAll(async () => {
+  await queue.close();
+  await redis.quit();
+});
+
+const MAX_ITEM = 40;
+
+/** A seeded generator (mulberry32): the same seed gives the same bodies on every run. */
+function random(seed: number): () => number {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Lines of every kind the parser tells apart: plain ASCII, non-ASCII, escapes, not strings, blank, padded, CRLF, too long. */
+function lineOf(rand: () => number): string {
+  const pick = Math.floor(rand() * 14);
+  const text = Array.from({ length: Math.floor(rand() * 30) }, () => String.fromCharCode(0x21 + Math.floor(rand() * 90))).join('').replace(/["\\]/g, 'x');
+  switch (pick) {
+    case 0: return '';
+    case 1: return `  ${JSON.stringify(text)}\t`;
+    case 2: return `${JSON.stringify(text)}\r`;
+    case 3: return JSON.stringify(`é${text}€`);
+    case 4: return JSON.stringify(`${text}"\\\n`);
+    case 5: return String(Math.floor(rand() * 1000));
+    case 6: return `"${text}`; // unterminated
+    case 7: return JSON.stringify('L'.repeat(MAX_ITEM + 1 + Math.floor(rand() * 10)));
+    case 8: return `"\u0001${text}"`; // a raw control character: not JSON
+    case 9: return JSON.stringify('é'.repeat(MAX_ITEM)); // 80 bytes: too large
+    case 10: return JSON.stringify(`${text}\\\t`); // escapes, no quote
+    case 11: return `"\\u0041${text}"`; // a \u escape
+    default: return JSON.stringify(text);
+  }
+}
+
+/** What each non-blank line should become, from JSON.parse alone. */
+function expected(lines: readonly string[]): Array<{ flag: number; text?: string }> {
+  return lines.filter((l) => l.trim() !== '').map((line) => {
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch {
+      return { flag: ITEM_NOT_STRING };
+    }
+    if (typeof value !== 'string') return { flag: ITEM_NOT_STRING };
+    return Buffer.byteLength(value) > MAX_ITEM ? { flag: ITEM_TOO_LARGE } : { flag: ITEM_OK, text: value };
+  });
+}
+
+/** Uploads `body` in pieces of the given sizes through a real intake, and reads back every stored chunk. */
+async function packed(body: Buffer, cuts: readonly number[], native: boolean): Promise<Array<{ flag: number; text?: string }>> {
+  const spec = { tenant: 'acme', op: 'encrypt' as const, key: 'k', encoding: 'utf8' as const, chunkItems: 7 };
+  const id = await store.create(spec, 1_000);
+  const intake = new BatchIntake(id, spec, store, queue, { chunkItems: 7, maxItemBytes: MAX_ITEM, maxItems: 100_000 });
+  async function* pieces(): AsyncGenerator<Buffer> {
+    let at = 0;
+    for (const cut of cuts) {
+      yield body.subarray(at, Math.min(body.length, at + cut));
+      at += cut;
+    }
+    if (at < body.length) yield body.subarray(at);
+  }
+  await readNdjsonItems(pieces(), intake, MAX_ITEM * 6 + 2, { native });
+  await intake.finish();
+  const out: Array<{ flag: number; text?: string }> = [];
+  const chunks = Math.ceil(intake.total / 7);
+  for (let chunk = 0; chunk < chunks; chunk++) {
+    forEachItem((await store.readInput(id, chunk))!, (flag, bytes) => out.push(flag === ITEM_OK ? { flag, text: bytes.toString('utf8') } : { flag }));
+  }
+  return out;
+}
+
+describe('NDJSON upload packing', () => {
+  it.runIf(canPackLines)('packs the same items natively as in JavaScript, and as JSON.parse reads them, however the body is cut', async () => {
+    for (let seed = 1; seed <= 40; seed++) {
+      const rand = random(seed);
+      const lines = Array.from({ length: 20 + Math.floor(rand() * 60) }, () => lineOf(rand));
+      const body = Buffer.from(lines.join('\n') + (rand() < 0.5 ? '\n' : ''));
+      const cuts = Array.from({ length: 30 }, () => 1 + Math.floor(rand() * 120));
+      const want = expected(lines);
+      expect(await packed(body, cuts, true), `seed ${seed}`).toEqual(want);
+      expect(await packed(body, cuts, false), `seed ${seed}`).toEqual(want);
+    }
+  });
+});
