@@ -130,4 +130,19 @@ describe('the native kernel', () => {
       }
     }
   });
+  it('packLines refuses ranges outside its buffers, and never writes past the output it is given', () => {
+    const src = Buffer.from('"a"\n"bb"\n"ccc"\n');
+    const state = (start: number, end: number, outAt: number) => new Uint32Array([start, end, outAt, 100, 64, 0, 0, 0]);
+    for (const [start, end, outAt] of [[5, 2, 0], [0, src.length + 1, 0], [0, src.length, 65], [0x7fffffff, 0xffffffff, 0]] as const) {
+      expect(() => nativeKernel!.packLines(src, Buffer.alloc(64), state(start, end, outAt))).toThrow(/out of bounds/);
+    }
+    expect(() => nativeKernel!.packLines(src, Buffer.alloc(64), new Uint32Array(3))).toThrow(/Uint32Array\(8\)/);
+    // An output too small for the next item is refused, with nothing written past its end.
+    const out = Buffer.alloc(16, 0xee);
+    expect(() => nativeKernel!.packLines(src, out.subarray(0, 12), state(0, src.length, 0))).toThrow(/too small/);
+    expect(out.subarray(12).every((b) => b === 0xee)).toBe(true);
+    const ok = state(0, src.length, 0);
+    nativeKernel!.packLines(src, Buffer.alloc(64), ok);
+    expect([ok[2], ok[5], ok[6], ok[7]]).toEqual([5 * 3 + 6, 3, src.length, 0]);
+  });
 });
