@@ -45,7 +45,6 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
     REDIS_URL: redisUrl,
     KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'),
     KEYFLEET_TOKENS: `bench:${token}:encrypt+decrypt+rewrap+keys+batches`,
-    LOG_LEVEL: 'warn',
     HOST: '127.0.0.1',
     PORT: String(port),
     WORKER_METRICS_PORT: '0',

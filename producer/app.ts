@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import { ConfigError, type Config } from '../shared/config.js';
 import { KeyfleetError } from '../shared/errors.js';
@@ -8,6 +8,7 @@ import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { clientErrorHandler } from './client-errors.js';
+import { lazyRequestLoggers } from './request-logger.js';
 import { adminRoutes } from './plugins/admin.js';
 import { authPlugin } from './plugins/auth.js';
 import { docsPlugin } from './plugins/docs.js';
@@ -49,6 +50,9 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   const kernel = resolveKernel(config.kernel); // fails fast when `native` was asked and is not built
   const app = Fastify({
     loggerInstance: (logger ?? createLogger({ level: config.logLevel, name: 'keyfleet-api' })) as FastifyBaseLogger,
+    childLoggerFactory: lazyRequestLoggers,
+    // Two lines per request only when asked for (LOG_REQUESTS): /metrics times every request.
+    logController: new LogController({ disableRequestLogging: !config.logRequests }),
     bodyLimit: config.maxBodyBytes,
     clientErrorHandler,
     // Errors the router raises before any route runs (a malformed URL, an overlong path

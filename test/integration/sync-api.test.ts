@@ -12,7 +12,7 @@ const logLines: string[] = [];
 
 beforeAll(async () => {
   const sink = new Writable({ write: (chunk, _enc, done) => (logLines.push(String(chunk)), done()) });
-  app = await buildApp({ config: configFrom({ ...env, LOG_LEVEL: 'info' }), logger: createLogger({ level: 'info', name: 'test-api', destination: sink }) });
+  app = await buildApp({ config: configFrom({ ...env, LOG_LEVEL: 'info', LOG_REQUESTS: 'true' }), logger: createLogger({ level: 'info', name: 'test-api', destination: sink }) });
   await app.ready();
 });
 afterAll(async () => {
@@ -147,6 +147,30 @@ describe('auth and input errors', () => {
     expect(logs).not.toContain('TOP-SECRET-SERIAL-42');
     expect(logs).not.toContain(admin.token);
     expect(logs).not.toContain(env['KEYFLEET_MASTER_KEY']);
+  });
+
+  it('logs each request only with LOG_REQUESTS; without it, lines a request does write still carry its reqId', async () => {
+    const lines: string[] = [];
+    const sink = new Writable({ write: (chunk, _enc, done) => (lines.push(String(chunk)), done()) });
+    const quiet = await buildApp({ config: configFrom({ ...env, LOG_LEVEL: 'info', SYNC_MAX_ITEMS: '2' }), logger: createLogger({ level: 'info', name: 'quiet-api', destination: sink }) });
+    try {
+      const sync = await quiet.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: bearer(admin), payload: { items: ['a'] } });
+      expect(sync.statusCode).toBe(200);
+      expect(lines.join('')).not.toContain('/v1/encrypt/licences');
+      // Three items are more than SYNC_MAX_ITEMS: the request becomes a batch and says so.
+      const batch = await quiet.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: { ...bearer(admin), 'x-request-id': 'trace-me-1' }, payload: { items: ['a', 'b', 'c'] } });
+      expect(batch.statusCode).toBe(202);
+      const said = lines.map((l) => JSON.parse(l)).find((l) => l.msg === 'request became a batch');
+      expect(said).toMatchObject({ reqId: 'trace-me-1', batchId: batch.json().batchId });
+    } finally {
+      await quiet.close();
+    }
+    // The app of this file runs with LOG_REQUESTS=true: both of fastify's lines, with the id.
+    const before = logLines.length;
+    const logged = await app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': 'trace-me-2' } });
+    expect(logged.statusCode).toBe(200);
+    const mine = logLines.slice(before).map((l) => JSON.parse(l)).filter((l) => l.reqId === 'trace-me-2');
+    expect(mine.map((l) => l.msg)).toEqual(['incoming request', 'request completed']);
   });
 
   it('interoperates across kernels: what an API on the node:crypto kernel seals, this one opens, and back', async () => {
