@@ -4,6 +4,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
+import { resolveKernel } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
@@ -20,6 +21,8 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const { batches } = app.services;
   const tags = ['batches'];
+  // KEYFLEET_KERNEL=js keeps the addon out of uploads too.
+  const packNatively = resolveKernel(app.keyfleet.kernel) === 'native';
 
   // Uploads are streamed into chunks by the route itself: hand it the raw body, unread. Only
   // JSON and NDJSON are uploads; any other type (text/plain included) is a 415.
@@ -37,7 +40,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
       const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) }, (intake) =>
-        ndjson ? readNdjsonItems(items, intake, maxLine) : readJsonItems(items, intake), keepAlive,
+        ndjson ? readNdjsonItems(items, intake, maxLine, { native: packNatively }) : readJsonItems(items, intake), keepAlive,
       );
       request.log.info({ tenant, batchId, op, total }, 'batch accepted');
       return { batchId, status: 'queued' as const, total };
