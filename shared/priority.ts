@@ -14,10 +14,14 @@ export function lowerProcessPriority(nice: number): boolean {
   } catch {
     threads = [0]; // 0: the calling thread
   }
-  try {
-    for (const thread of threads) setPriority(thread, nice);
-    return true;
-  } catch {
-    return false;
+  let lowered = true;
+  for (const thread of threads) {
+    try {
+      setPriority(thread, nice);
+    } catch (err) {
+      // A helper thread may have ended since the listing; any other refusal is a real one.
+      if ((err as { info?: { code?: string } }).info?.code !== 'ESRCH') lowered = false;
+    }
   }
+  return lowered;
 }
