@@ -1,4 +1,6 @@
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../shared/config.js';
 import { MasterKey } from '../../shared/master-key.js';
@@ -55,5 +57,26 @@ describe('master key wrapping', () => {
     expect(() => master.unwrap(wrapped, 'acme', 'other', 3)).toThrow();
     expect(() => master.unwrap(wrapped, 'acme', 'serials', 4)).toThrow();
     expect(() => new MasterKey(randomBytes(32)).unwrap(wrapped, 'acme', 'serials', 3)).toThrow(/another master key/);
+  });
+});
+
+describe('worker priority', () => {
+  it.runIf(process.platform === 'linux')('lowers every thread of the process, helpers included, and threads started later inherit it', () => {
+    // In a child process: lowering this one's priority would slow the rest of the suite.
+    const script = `
+      import { readdirSync, readFileSync } from 'node:fs';
+      import { Worker } from 'node:worker_threads';
+      import { lowerProcessPriority } from ${JSON.stringify(resolve(import.meta.dirname, '../../dist/shared/priority.js'))};
+      const lowered = lowerProcessPriority(7);
+      const worker = new Worker('setTimeout(() => {}, 200)', { eval: true });
+      await new Promise((r) => worker.once('online', r));
+      const nice = readdirSync('/proc/self/task').map((t) => Number(readFileSync('/proc/self/task/' + t + '/stat', 'utf8').split(') ')[1].split(' ')[16]));
+      console.log(JSON.stringify({ lowered, nice }));
+      await worker.terminate();`;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8' });
+    const { lowered, nice } = JSON.parse(out) as { lowered: boolean; nice: number[] };
+    expect(lowered).toBe(true);
+    expect(nice.length).toBeGreaterThan(5);
+    expect(new Set(nice)).toEqual(new Set([7]));
   });
 });
