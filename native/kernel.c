@@ -284,19 +284,28 @@ static int get_u32(napi_env env, napi_value obj, const char *name, uint32_t *out
   return napi_get_named_property(env, obj, name, &v) == napi_ok && napi_get_value_uint32(env, v, out) == napi_ok;
 }
 
+// A typed array of the given element type; its data and its length in elements.
+static int typed(napi_env env, napi_value v, napi_typedarray_type want, void **data, size_t *len) {
+  bool is;
+  napi_typedarray_type type;
+  size_t off;
+  napi_value ab;
+  return napi_is_typedarray(env, v, &is) == napi_ok && is && napi_get_typedarray_info(env, v, &type, len, data, &ab, &off) == napi_ok && type == want;
+}
+
+static int typed_u8(napi_env env, napi_value v, uint8_t **data, size_t *len) {
+  return typed(env, v, napi_uint8_array, (void **)data, len);
+}
+
+// A Uint32Array of exactly `n` elements.
+static int typed_u32(napi_env env, napi_value v, size_t n, uint32_t **data) {
+  size_t len;
+  return typed(env, v, napi_uint32_array, (void **)data, &len) && len == n;
+}
+
 static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **data, size_t *len) {
   napi_value v;
-  bool is;
-  if (napi_get_named_property(env, obj, name, &v) != napi_ok) return 0;
-  if (napi_is_typedarray(env, v, &is) != napi_ok || !is) return 0;
-  napi_typedarray_type type;
-  size_t length, offset;
-  void *base;
-  napi_value ab;
-  if (napi_get_typedarray_info(env, v, &type, &length, &base, &ab, &offset) != napi_ok || type != napi_uint8_array) return 0;
-  *data = base;
-  *len = length;
-  return 1;
+  return napi_get_named_property(env, obj, name, &v) == napi_ok && typed_u8(env, v, data, len);
 }
 
 // setErrors([json of KF_INVALID_ITEM, KF_ITEM_TOO_LARGE, KF_DECRYPT_FAILED, KF_KEY_VERSION_DISABLED, KF_NOT_UTF8, KF_INVALID_ENCODING])
@@ -333,16 +342,8 @@ static napi_value run(napi_env env, napi_callback_info info) {
   memset(&j, 0, sizeof j);
   // Scalars travel as one Uint32Array (one N-API call instead of eight property reads).
   uint32_t *params;
-  {
-    bool is;
-    napi_typedarray_type type;
-    size_t length, off;
-    void *base;
-    napi_value ab;
-    if (napi_is_typedarray(env, argv[0], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[0], &type, &length, &base, &ab, &off) != napi_ok || type != napi_uint32_array || length != 8)
-      return throw_msg(env, "run: params must be a Uint32Array of [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]");
-    params = base;
-  }
+  if (!typed_u32(env, argv[0], 8, &params))
+    return throw_msg(env, "run: params must be a Uint32Array of [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]");
   uint32_t op = params[0], b64 = params[1], b64in = params[2], sync = params[3], first = params[4], maxItem = params[5], latest = params[6], minDec = params[7];
   if (op > OP_REWRAP) return throw_msg(env, "run: unknown op");
   j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.sync = (int)sync; j.first_index = first; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
@@ -370,22 +371,13 @@ static napi_value run(napi_env env, napi_callback_info info) {
 
   uint8_t *in, *outp;
   size_t in_len, out_len;
-  {
-    bool is;
-    napi_typedarray_type type;
-    void *base;
-    napi_value ab;
-    size_t off;
-    if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &in_len, &base, &ab, &off) != napi_ok) {
-      if (vp != vs) free(vp);
-      return throw_msg(env, "run: input must be a Uint8Array");
-    }
-    in = base;
-    if (napi_is_typedarray(env, argv[3], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[3], &type, &out_len, &base, &ab, &off) != napi_ok) {
-      if (vp != vs) free(vp);
-      return throw_msg(env, "run: output must be a Uint8Array");
-    }
-    outp = base;
+  if (!typed_u8(env, argv[2], &in, &in_len)) {
+    if (vp != vs) free(vp);
+    return throw_msg(env, "run: input must be a Uint8Array");
+  }
+  if (!typed_u8(env, argv[3], &outp, &out_len)) {
+    if (vp != vs) free(vp);
+    return throw_msg(env, "run: output must be a Uint8Array");
   }
 
   // First pass: validate the framing, count items and the largest one.
@@ -527,17 +519,6 @@ static long pack_lines(const uint8_t *src, size_t start, size_t end, uint8_t *ou
   return (long)at;
 }
 
-static int typed_u8(napi_env env, napi_value v, uint8_t **data, size_t *len) {
-  bool is;
-  napi_typedarray_type type;
-  size_t off;
-  void *base;
-  napi_value ab;
-  if (napi_is_typedarray(env, v, &is) != napi_ok || !is || napi_get_typedarray_info(env, v, &type, len, &base, &ab, &off) != napi_ok || type != napi_uint8_array) return 0;
-  *data = base;
-  return 1;
-}
-
 // packLines(src, out, state): state is a Uint32Array
 // [start, end, outAt, maxItems, maxItemBytes | out: items, next, reason]; items go to out from outAt.
 static napi_value pack_lines_js(napi_env env, napi_callback_info info) {
@@ -547,14 +528,8 @@ static napi_value pack_lines_js(napi_env env, napi_callback_info info) {
   uint8_t *src, *out;
   size_t src_len, out_len;
   if (argc != 3 || !typed_u8(env, argv[0], &src, &src_len) || !typed_u8(env, argv[1], &out, &out_len)) return throw_msg(env, "packLines(src, out, state): src and out must be Uint8Arrays");
-  bool is;
-  napi_typedarray_type type;
-  size_t length, off;
-  void *base;
-  napi_value ab;
-  if (napi_is_typedarray(env, argv[2], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[2], &type, &length, &base, &ab, &off) != napi_ok || type != napi_uint32_array || length != 8)
-    return throw_msg(env, "packLines: state must be a Uint32Array(8)");
-  uint32_t *st = base;
+  uint32_t *st;
+  if (!typed_u32(env, argv[2], 8, &st)) return throw_msg(env, "packLines: state must be a Uint32Array(8)");
   size_t start = st[0], end = st[1], out_at = st[2];
   if (start > end || end > src_len || out_at > out_len) return throw_msg(env, "packLines: range out of bounds");
   uint32_t items, reason;

@@ -50,10 +50,15 @@ export async function submitBatch(
 const isAbort = (err: unknown): boolean =>
   err instanceof Error && ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || err.message === 'aborted');
 
+/** A targetKey is for a rewrap, into another key than the source. */
+export function checkTargetKey(op: BatchSpec['op'], key: string, targetKey: string | undefined): void {
+  if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for rewrap only' : undefined);
+}
+
 /** The batch's keys exist and can do its operation; keys due for rotation rotate now. */
 async function checkKeys(app: FastifyInstance, { tenant, op, key, targetKey, context }: BatchSpec): Promise<void> {
   const { keyCache, keyPolicy } = app.services;
-  if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for op=rewrap only' : undefined);
+  checkTargetKey(op, key, targetKey);
   if (op === 'decrypt') {
     await keyCache.get(tenant, key);
     return;

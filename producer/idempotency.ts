@@ -1,4 +1,4 @@
-import { createHash, hash } from 'node:crypto';
+import { createHash, hash, type Hash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { AtRestSealer } from '../shared/at-rest.js';
 import { KeyfleetError } from '../shared/errors.js';
@@ -29,9 +29,16 @@ export function idempotencyKeyOf(request: FastifyRequest): string | undefined {
   return value;
 }
 
-/** What makes two requests "the same": method, path with query, and body. */
+/**
+ * What makes two requests "the same": method, path with query, and body. The hash comes back
+ * with method and path in it, for a body that is hashed as it streams in (uploads).
+ */
+export function fingerprintHash(request: FastifyRequest): Hash {
+  return createHash('sha256').update(`${request.method} ${request.url}\n`);
+}
+
 export function requestFingerprint(request: FastifyRequest, body: string | Buffer): string {
-  return createHash('sha256').update(`${request.method} ${request.url}\n`).update(body).digest('hex');
+  return fingerprintHash(request).update(body).digest('hex');
 }
 
 /** Sends a stored answer again, marked as a replay. */

@@ -1,5 +1,5 @@
 import { hkdfSync, randomBytes } from 'node:crypto';
-import { gcmOpen, gcmSeal, KEY_BYTES, NONCE_BYTES } from './crypto/aes-gcm.js';
+import { assertKeyBytes, gcmOpen, gcmSeal, KEY_BYTES, NONCE_BYTES } from './crypto/aes-gcm.js';
 
 /** What a sealed record is: batch chunk inputs and results, or an idempotent answer. */
 export type AtRestPurpose = 'batch' | 'idempotency';
@@ -19,9 +19,7 @@ export class AtRestSealer {
 
   /** Seals under `masterKey`; opens under it or, during a master-key rotation, under `previous`. */
   constructor(masterKey: Buffer, previous?: Buffer) {
-    for (const key of [masterKey, previous]) {
-      if (key && key.length !== KEY_BYTES) throw new Error(`at-rest sealer: expected a ${KEY_BYTES}-byte master key, got ${key.length} bytes`);
-    }
+    assertKeyBytes('at-rest sealer', masterKey, previous);
     this.#master = masterKey;
     this.#previous = previous;
   }

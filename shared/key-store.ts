@@ -209,7 +209,7 @@ export class KeyStore {
     return counts;
   }
 
-  /** Counts encryptions under a version (one call per chunk or request); returns the new total. */
+  /** Adds `count` encryptions under a version (KeyPolicy gathers them first); returns the new total. */
   countEncryptions(tenant: string, name: string, version: number, count: number): Promise<number> {
     return this.#redis.hincrby(this.#keys.key(tenant, name), `n:${version}`, count);
   }
@@ -246,9 +246,5 @@ export class KeyStore {
       latestCreatedMs: Number(fields[`c:${latest}`] ?? Date.parse(fields['createdAt'] ?? '')),
       autoRotatePeriod: Number(fields['arp'] ?? 0),
     };
-  }
-
-  async loadRing(tenant: string, name: string): Promise<KeyRing | undefined> {
-    return (await this.load(tenant, name))?.ring;
   }
 }

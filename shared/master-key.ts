@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { gcmOpen, gcmSeal, KEY_BYTES, NONCE_BYTES } from './crypto/aes-gcm.js';
+import { assertKeyBytes, gcmOpen, gcmSeal, NONCE_BYTES } from './crypto/aes-gcm.js';
 
 /**
  * Key material at rest: AES-256-GCM under the master key, bound to tenant, key name and version
@@ -15,9 +15,7 @@ export class MasterKey {
   readonly previousId: string | undefined;
 
   constructor(current: Buffer, previous?: Buffer) {
-    for (const key of [current, previous]) {
-      if (key && key.length !== KEY_BYTES) throw new Error(`master key: expected ${KEY_BYTES} bytes, got ${key.length}`);
-    }
+    assertKeyBytes('master key', current, previous);
     this.#current = current;
     this.#previous = previous;
     this.id = fingerprint(current);

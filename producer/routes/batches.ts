@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import type { Hash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
@@ -8,7 +8,7 @@ import { resolveKernel } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
-import { idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
+import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireScope } from '../plugins/auth.js';
@@ -51,7 +51,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     // The body's fingerprint is known only once it has been read: a repeat is read (and hashed)
     // to tell "the same upload again" from "another upload with the same key".
     const { idempotency } = app.services;
-    const fingerprint = createHash('sha256').update(`${request.method} ${request.url}\n`);
+    const fingerprint = fingerprintHash(request);
     const stored = await idempotency.find(tenant, idempotencyKey, async () => {
       for await (const piece of body) fingerprint.update(piece);
       return fingerprint.digest('hex');
@@ -117,7 +117,7 @@ async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: 
 }
 
 /** Passes the body through while hashing it. */
-async function* hashing(body: AsyncIterable<Buffer>, hash: ReturnType<typeof createHash>): AsyncGenerator<Buffer> {
+async function* hashing(body: AsyncIterable<Buffer>, hash: Hash): AsyncGenerator<Buffer> {
   for await (const piece of body) {
     hash.update(piece);
     yield piece;

@@ -3,7 +3,7 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoItem } from '../../shared/schemas.js';
-import { submitBatch } from '../batch-submit.js';
+import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
 import { principalOf } from '../plugins/auth.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
@@ -36,7 +36,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       if (mode === 'sync' && items.length > syncMaxItems) {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
-      if (targetKey !== undefined && (op !== 'rewrap' || targetKey === key)) throw new KeyfleetError('KF_TARGET_KEY_INVALID', op !== 'rewrap' ? 'targetKey is for rewrap only' : undefined);
+      checkTargetKey(op, key, targetKey);
       if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
       const { texts, contexts, perItemContext } = normalise(items, context);
       if (goAsync && perItemContext) {

@@ -4,6 +4,13 @@ export const NONCE_BYTES = 12;
 export const TAG_BYTES = 16;
 export const KEY_BYTES = 32;
 
+/** Throws unless every key given is an AES-256 key (KEY_BYTES long); `owner` names the caller. */
+export function assertKeyBytes(owner: string, ...keys: ReadonlyArray<Uint8Array | undefined>): void {
+  for (const key of keys) {
+    if (key && key.length !== KEY_BYTES) throw new Error(`${owner}: expected a ${KEY_BYTES}-byte key, got ${key.length} bytes`);
+  }
+}
+
 /** AES-256-GCM seal into `out` at `offset` as nonce ‖ ciphertext ‖ tag; returns the bytes written. */
 export function gcmSealInto(key: KeyObject | Buffer, nonce: Buffer, aad: Buffer, plaintext: Buffer, out: Buffer, offset: number): number {
   const cipher = createCipheriv('aes-256-gcm', key, nonce, { authTagLength: TAG_BYTES });

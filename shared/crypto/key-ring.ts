@@ -63,7 +63,7 @@ export class KeyRing {
   readonly minEncryptionVersion: number;
   readonly #data: KeyRingData;
   readonly #versions = new Map<number, VersionEntry>();
-  readonly #native: readonly NativeVersionEntry[];
+  #native: readonly NativeVersionEntry[] | undefined;
 
   constructor(data: KeyRingData) {
     this.#data = data;
@@ -75,7 +75,6 @@ export class KeyRing {
     this.minEncryptionVersion = data.minEncryptionVersion ?? 1;
     for (const v of data.versions) this.#versions.set(v.version, new VersionEntry(data.name, v.version, v.material));
     if (!this.#versions.has(this.latestVersion)) throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
-    this.#native = [...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad }));
   }
 
   /** The version new ciphertexts are made under. */
@@ -104,9 +103,9 @@ export class KeyRing {
     return this.type === 'aes256-gcm96' && !this.convergent;
   }
 
-  /** The versions as the native kernel takes them. */
+  /** The versions as the native kernel takes them (made on first use: most rings never meet it). */
   nativeVersions(): readonly NativeVersionEntry[] {
-    return this.#native;
+    return (this.#native ??= [...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad })));
   }
 
   toData(): KeyRingData {
