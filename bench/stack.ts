@@ -5,7 +5,6 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { PROCESS_ENV } from '../shared/process-env.js';
 import { freePort } from '../scripts/local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -42,7 +41,6 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
   const token = `bench_${randomBytes(16).toString('hex')}`;
   const port = await freePort();
   const common = {
-    ...PROCESS_ENV,
     PATH: process.env['PATH'] ?? '',
     REDIS_URL: redisUrl,
     KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'),

@@ -9,7 +9,6 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { PROCESS_ENV } from '../shared/process-env.js';
 import { freePort, redisAnswers, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -100,7 +99,6 @@ const prefix = process.env['KEYFLEET_PREFIX'] ?? `{keyfleet-dev-${createHash('sh
 const host = process.env['HOST'] ?? '127.0.0.1';
 const port = process.env['PORT'] ?? '8080';
 const env: NodeJS.ProcessEnv = {
-  ...PROCESS_ENV,
   ...process.env,
   REDIS_URL: redisUrl,
   HOST: host,

@@ -1,7 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../../producer/node-flags.js';
-import { PROCESS_ENV } from '../../shared/process-env.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 
@@ -20,7 +19,7 @@ export interface RunningProcess {
 /** Runs a built entry (`dist/…`) as a real process, as production does. */
 export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Record<string, string>): RunningProcess {
   const flags = entry === 'producer/main.js' ? API_NODE_FLAGS : [];
-  const child = spawn(process.execPath, [...flags, resolve(root, 'dist', entry)], { env: { ...PROCESS_ENV, PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [...flags, resolve(root, 'dist', entry)], { env: { PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
   const waiters: Array<{ pattern: RegExp; done: (line: string) => void }> = [];
   const onData = (buf: Buffer): void => {

@@ -4,7 +4,6 @@ import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
-import { PROCESS_ENV } from '../../shared/process-env.js';
 
 // The deployment files are code too: the compose file must be valid per the Compose
 // Specification (test/fixtures/compose-spec.json) and keep the settings that protect data and
@@ -252,31 +251,12 @@ describe('deploy/k8s', () => {
   });
 });
 
-describe('Process environment', () => {
-  it('is the same wherever a process is started (package.json, the image; compose and Kubernetes use the image)', () => {
-    const pkg = JSON.parse(readFileSync(resolve(root, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
-    const dockerfile = readFileSync(resolve(root, 'deploy/Dockerfile'), 'utf8');
-    // The final stage (what runs) carries every variable.
-    const runStage = dockerfile.slice(dockerfile.lastIndexOf('\nFROM '));
-    for (const [name, value] of Object.entries(PROCESS_ENV)) {
-      expect(pkg.scripts['start:api']).toContain(`${name}=${value} node `);
-      expect(pkg.scripts['start:worker']).toBe(`${name}=${value} node dist/worker/main.js`);
-      expect(runStage).toContain(`\nENV ${name}=${value}\n`);
-    }
-    // No launcher replaces the image's environment for these names.
-    for (const file of ['docker-compose.yml', 'deploy/k8s/api.yaml', 'deploy/k8s/worker.yaml']) {
-      for (const name of Object.keys(PROCESS_ENV)) expect(readFileSync(resolve(root, file), 'utf8'), file).not.toContain(name);
-    }
-  });
-});
-
 describe('API node flags', () => {
   it('are the same wherever the API is started (package.json, Dockerfile, compose, Kubernetes)', async () => {
     const { API_NODE_FLAGS } = await import('../../producer/node-flags.js');
     const flags = API_NODE_FLAGS.join(' ');
     const pkg = JSON.parse(readFileSync(resolve(root, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
-    const env = Object.entries(PROCESS_ENV).map(([k, v]) => `${k}=${v}`).join(' ');
-    expect(pkg.scripts['start:api']).toBe(`${env} node ${flags} dist/producer/main.js`);
+    expect(pkg.scripts['start:api']).toBe(`node ${flags} dist/producer/main.js`);
     const expected = JSON.stringify(['node', ...API_NODE_FLAGS, 'dist/producer/main.js']).replaceAll(',', ', ');
     expect(readFileSync(resolve(root, 'deploy/Dockerfile'), 'utf8')).toContain(`CMD ${expected}`);
     expect(readFileSync(resolve(root, 'docker-compose.yml'), 'utf8')).toContain(`command: ${expected}`);
