@@ -48,17 +48,21 @@ export class CryptoMetrics {
     if (failed > 0) this.#child(op, keyType, 'failure', path).inc(failed);
   }
 
-  // Label sets are few and fixed: bind each once instead of hashing labels on every request.
   readonly #children = new Map<string, { inc(n: number): void }>();
   #child(op: string, keyType: string, outcome: string, path: string): { inc(n: number): void } {
-    const id = `${op}|${keyType}|${outcome}|${path}`;
-    let child = this.#children.get(id);
-    if (!child) {
-      child = this.items.labels({ op, key_type: keyType, outcome, path });
-      this.#children.set(id, child);
-    }
-    return child;
+    return bound(this.#children, `${op}|${keyType}|${outcome}|${path}`, () => this.items.labels({ op, key_type: keyType, outcome, path }));
   }
+}
+
+/**
+ * The child of a metric for one label set, bound on first use. Label sets are few and fixed;
+ * an unbound call makes prom-client validate and hash the labels every time, on the sync path
+ * once or twice per request.
+ */
+function bound<T>(children: Map<string, T>, id: string, bind: () => T): T {
+  let child = children.get(id);
+  if (child === undefined) children.set(id, (child = bind()));
+  return child;
 }
 
 export class ApiMetrics extends CryptoMetrics {
@@ -87,6 +91,17 @@ export class ApiMetrics extends CryptoMetrics {
       labelNames: ['event'],
       registers: [registry],
     });
+  }
+
+  readonly #requests = new Map<string, { observe(seconds: number): void }>();
+  /** Times one answered request under its route template (never the raw URL) and status. */
+  observeRequest(method: string, route: string, status: number, seconds: number): void {
+    bound(this.#requests, `${method} ${route} ${status}`, () => this.httpDuration.labels({ method, route, status_code: String(status) })).observe(seconds);
+  }
+
+  readonly #routing = new Map<string, { inc(): void }>();
+  countRouting(decision: 'sync' | 'async'): void {
+    bound(this.#routing, decision, () => this.routing.labels({ decision })).inc();
   }
 }
 

@@ -36,9 +36,10 @@ export const authPlugin = fp(async (app: FastifyInstance, { verifier }: { verifi
   app.addHook('onRequest', (request, reply, done) => {
     // The request id goes back on every answer, so a caller can quote it (set here: no extra hook).
     reply.header('x-request-id', request.id);
-    const scope = request.routeOptions.config.scope;
+    const route = request.routeOptions; // a getter that builds a new object on every read
+    const scope = route.config.scope;
     // Swagger UI's own routes carry no config of ours; the API description is public.
-    if (scope === 'public' || request.routeOptions.url?.startsWith(DOCS_PATH)) return done();
+    if (scope === 'public' || route.url?.startsWith(DOCS_PATH)) return done();
     const token = presentedToken(request.headers.authorization);
     const principal = token ? verifier.verify(token) : undefined;
     if (!principal) {

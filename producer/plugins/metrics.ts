@@ -5,10 +5,7 @@ import fp from 'fastify-plugin';
 export const metricsPlugin = fp(async (app: FastifyInstance) => {
   const { metrics, registry } = app.services;
   app.addHook('onResponse', (request, reply, done) => {
-    metrics.httpDuration.observe(
-      { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) },
-      reply.elapsedTime / 1000,
-    );
+    metrics.observeRequest(request.method, request.routeOptions.url ?? 'unmatched', reply.statusCode, reply.elapsedTime / 1000);
     done();
   });
   // Public like /healthz: metrics carry counts and timings, no secrets and no tenant data.

@@ -44,7 +44,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       }
 
       const work = async (): Promise<Answer> => {
-        metrics.routing.inc({ decision: goAsync ? 'async' : 'sync' });
+        metrics.countRouting(goAsync ? 'async' : 'sync');
         if (goAsync) {
           const extra = { ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) };
           const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...extra }, async (intake) => {

@@ -203,3 +203,27 @@ describe('auth and input errors', () => {
     expect((await app.inject({ method: 'GET', url: '/readyz' })).json()).toEqual({ status: 'ready' });
   });
 });
+
+describe('metrics', () => {
+  const sample = (text: string, name: string, labels: string): number => {
+    const line = text.split('\n').find((l) => l.startsWith(`${name}{`) && labels.split(',').every((label) => l.includes(label)));
+    return line ? Number(line.slice(line.lastIndexOf(' ') + 1)) : 0;
+  };
+  const scrape = async () => (await app.inject({ method: 'GET', url: '/metrics' })).body;
+
+  it('times each request under its route template and status, and counts each routing decision', async () => {
+    const route = 'route="/v1/encrypt/:key"';
+    const before = await scrape();
+    for (let i = 0; i < 3; i++) expect((await post('/v1/encrypt/licences', { items: ['a', 'b'] })).statusCode).toBe(200);
+    expect((await post('/v1/encrypt/licences', { items: 'not a list' })).statusCode).toBe(400);
+    expect((await post('/v1/encrypt/licences', { items: ['a'], mode: 'async' })).statusCode).toBe(202);
+    const after = await scrape();
+    const delta = (name: string, labels: string) => sample(after, name, labels) - sample(before, name, labels);
+    expect(delta('keyfleet_http_request_duration_seconds_count', `method="POST",${route},status_code="200"`)).toBe(3);
+    expect(delta('keyfleet_http_request_duration_seconds_count', `method="POST",${route},status_code="400"`)).toBe(1);
+    expect(delta('keyfleet_http_request_duration_seconds_count', `method="POST",${route},status_code="202"`)).toBe(1);
+    expect(delta('keyfleet_sync_routing_total', 'decision="sync"')).toBe(3);
+    expect(delta('keyfleet_sync_routing_total', 'decision="async"')).toBe(1);
+    expect(after).not.toContain('licences'); // key names are never labels
+  });
+});
