@@ -10,6 +10,14 @@ import type { ChunkJobData } from '../shared/schemas.js';
 /** Chunk writes (store + enqueue) an upload keeps in flight: memory stays at a few chunks. */
 const MAX_IN_FLIGHT = 3;
 
+interface SealedChunk {
+  readonly chunk: number;
+  readonly count: number;
+  /** The batch-wide index of the chunk's first item. */
+  readonly firstIndex: number;
+  readonly sealed: Buffer;
+}
+
 /** Whether `addPlainLines` can run here (the native kernel is built). */
 export const canPackLines = nativeKernel !== undefined;
 const PACK_STATE = new Uint32Array(8);
@@ -38,10 +46,11 @@ export class BatchIntake {
   readonly #spec: BatchSpec;
   readonly #options: IntakeOptions;
   readonly #packer = new ChunkPacker();
-  readonly #full: Array<{ packed: Buffer; count: number }> = [];
+  /** Chunks sealed and waiting for their write (drain keeps MAX_IN_FLIGHT writes going). */
+  readonly #full: SealedChunk[] = [];
   #chunks = 0;
   #total = 0;
-  #enqueuedItems = 0;
+  #sealedItems = 0;
   readonly #inFlight: Array<Promise<void>> = [];
   #aliveAt = Date.now();
   readonly batchId: string;
@@ -118,8 +127,7 @@ export class BatchIntake {
    */
   async drain(): Promise<void> {
     while (this.#full.length > 0) {
-      const { packed, count } = this.#full.shift()!;
-      const write = this.#enqueue(packed, count);
+      const write = this.#enqueue(this.#full.shift()!);
       write.catch(() => {}); // awaited below or in finish(); this only keeps it from being "unhandled"
       this.#inFlight.push(write);
       if (this.#inFlight.length >= MAX_IN_FLIGHT) await this.#inFlight.shift();
@@ -139,10 +147,7 @@ export class BatchIntake {
   /** Flushes the last partial chunk, waits for every write, and seals the batch: it can now complete. */
   async finish(): Promise<number> {
     await this.drain();
-    if (this.#packer.count > 0) {
-      const count = this.#packer.count;
-      this.#inFlight.push(this.#enqueue(this.#packer.take(), count));
-    }
+    if (this.#packer.count > 0) this.#inFlight.push(this.#enqueue(this.#sealChunk()));
     const writes = this.#inFlight.splice(0);
     await Promise.all(writes);
     await this.#store.seal(this.batchId);
@@ -153,17 +158,21 @@ export class BatchIntake {
     if (++this.#total > this.#options.maxItems) {
       throw new KeyfleetError('KF_BATCH_TOO_LARGE', `the batch holds more than MAX_BATCH_ITEMS (${this.#options.maxItems}) items`);
     }
-    if (this.#packer.count >= this.#options.chunkItems) {
-      const count = this.#packer.count;
-      this.#full.push({ packed: this.#packer.take(), count });
-    }
+    if (this.#packer.count >= this.#options.chunkItems) this.#full.push(this.#sealChunk());
   }
 
-  async #enqueue(packed: Buffer, count: number): Promise<void> {
+  /** Seals the packer's items as the next chunk, straight from its buffer (no copy of the plain inputs). */
+  #sealChunk(): SealedChunk {
     const chunk = this.#chunks++;
-    const firstIndex = this.#enqueuedItems;
-    this.#enqueuedItems += count;
-    await this.#store.addChunk(this.batchId, chunk, packed, count);
+    const count = this.#packer.count;
+    const firstIndex = this.#sealedItems;
+    this.#sealedItems += count;
+    const sealed = this.#packer.takeView((packed) => this.#store.sealInput(this.batchId, chunk, packed));
+    return { chunk, count, firstIndex, sealed };
+  }
+
+  async #enqueue({ chunk, count, firstIndex, sealed }: SealedChunk): Promise<void> {
+    await this.#store.addSealedChunk(this.batchId, chunk, sealed, count);
     const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;
     const data: ChunkJobData = {
       batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding,

@@ -96,12 +96,21 @@ export class BatchStore {
 
   /** Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch has ended. */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
+    await this.addSealedChunk(id, chunk, this.sealInput(id, chunk, packed), count);
+  }
+
+  /** A chunk's packed inputs sealed for `addSealedChunk`: the caller may reuse `packed` at once. */
+  sealInput(id: string, chunk: number, packed: Buffer): Buffer {
+    return this.#sealer.seal('batch', id, `in:${chunk}`, packed);
+  }
+
+  async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number): Promise<void> {
     const k = this.#keys;
     const input = k.batchInput(id, chunk);
     const added = await pipelined(
       this.#redis
         .pipeline()
-        .set(input, this.#sealer.seal('batch', id, `in:${chunk}`, packed), 'EX', this.#ttl)
+        .set(input, sealed, 'EX', this.#ttl)
         .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), count, this.#leaseMs),
     );
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');

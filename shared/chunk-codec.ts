@@ -69,6 +69,21 @@ export class ChunkPacker {
     return out;
   }
 
+  /**
+   * Hands the items added so far to `use` as a view of the packer's own buffer, valid only
+   * during the call (`use` seals or copies it), and starts a new chunk: take() without its copy.
+   * The items may be plaintexts: the buffer is wiped after the call, not left for the next chunk.
+   */
+  takeView<T>(use: (packed: Buffer) => T): T {
+    try {
+      return use(this.#buf.subarray(0, this.#at));
+    } finally {
+      this.#buf.fill(0, 0, this.#at);
+      this.#at = 0;
+      this.#count = 0;
+    }
+  }
+
   #reserve(bytes: number): void {
     if (this.#at + bytes <= this.#buf.length) return;
     const grown = Buffer.allocUnsafe(Math.max(this.#buf.length * 2, this.#at + bytes));

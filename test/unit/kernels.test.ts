@@ -146,3 +146,17 @@ describe('the native kernel', () => {
     expect([ok[2], ok[5], ok[6], ok[7]]).toEqual([5 * 3 + 6, 3, src.length, 0]);
   });
 });
+
+describe('the chunk packer', () => {
+  it('hands out a chunk as a view, then wipes it and starts the next chunk empty', () => {
+    const packer = new ChunkPacker();
+    for (const s of samples) packer.add(Buffer.from(s));
+    let seen: Buffer | undefined;
+    const copied = packer.takeView((view) => Buffer.from((seen = view)));
+    expect(copied.equals(pack(samples))).toBe(true);
+    expect(seen!.every((b) => b === 0)).toBe(true); // the plaintexts do not stay in the packer's buffer
+    expect(packer.count).toBe(0);
+    packer.add(Buffer.from('next'));
+    expect(packer.take().equals(pack(['next']))).toBe(true);
+  });
+});
