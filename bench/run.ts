@@ -27,7 +27,7 @@ if (want('chunks') && !quick) {
     rows.push(...rows2.filter((r) => r.name.startsWith('upload') || r.name.startsWith('Redis')).map((r) => (r.name.startsWith('Redis') ? { ...r, name: `${r.name} with CHUNK_ITEMS=${chunk.toLocaleString('en-US')}` } : r)));
   }
 }
-if (want('sync')) rows.push(...(await syncBench(quick ? 3 : 10)));
+if (want('sync')) rows.push(...(await syncBench(quick ? 3 : 4, quick ? 1 : 3)));
 if (want('isolation')) {
   // The worker's default niceness, and 0 for comparison (the full run only).
   for (const nice of quick ? [19] : [19, 0]) rows.push(...(await isolationBench(quick ? 3 : 8, quick ? 200_000 : 1_000_000, nice)));
