@@ -18,7 +18,7 @@ const want = (section: string) => !only || only.includes(section);
 
 const rows: Row[] = [];
 const started = Date.now();
-if (want('kernel')) rows.push(...kernelBench(quick ? 200_000 : 1_000_000));
+if (want('kernel')) rows.push(...kernelBench(quick ? 200_000 : 1_000_000, quick ? 1 : 3));
 if (want('e2e')) rows.push(...(await e2eBench(quick ? 200_000 : 1_000_000)));
 if (want('chunks') && !quick) {
   // CHUNK_ITEMS: the same million in smaller and larger chunks (only the timing rows).
