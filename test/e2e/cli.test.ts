@@ -100,7 +100,14 @@ describe('the keyfleet CLI', () => {
     truncateSync(path('again.enc'), cut);
     const resumed = await keyfleet(['encrypt', '--key', 'serials', '--resume', batchId, '--out', 'again.enc']);
     expect(resumed.code).toBe(0);
-    expect(readFileSync(path('again.enc')).equals(complete)).toBe(true);
+    const again = readFileSync(path('again.enc'));
+    if (!again.equals(complete)) {
+      // Say where they part and what each run printed (ciphertexts of test serials, no secrets).
+      const [got, want] = [again, complete].map((b) => b.toString('utf8').split('\n'));
+      let line = 0;
+      while (line < want!.length && got![line] === want![line]) line++;
+      expect({ cut, lines: got!.length, line, got: got![line] }, `first run:\n${submitted.stderr}\nresumed:\n${resumed.stderr}`).toEqual({ cut, lines: want!.length, line: want!.length, got: undefined });
+    }
     // And those ciphertexts decrypt back to the source.
     await keyfleet(['decrypt', '--key', 'serials', '--in', 'again.enc', '--out', 'again.dec']);
     expect(readFileSync(path('again.dec')).equals(full)).toBe(true);
