@@ -10,6 +10,13 @@ interface Load {
   readonly errors: number;
 }
 
+/** One round of the sync section: the three loads, measured in turn. */
+interface Round {
+  readonly health: Load;
+  readonly r1: Load;
+  readonly r10: Load;
+}
+
 /** 100 connections for `seconds`, or until `until` settles (then stopped there). */
 async function load(stack: Stack, path: string, seconds: number, body?: unknown, until?: Promise<unknown>): Promise<Load> {
   const instance = autocannon({
@@ -39,7 +46,7 @@ export async function syncBench(seconds: number, rounds: number): Promise<Row[]>
     const one = { items: makeItems(1, 'sync') };
     const ten = { items: makeItems(10, 'sync') };
     await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
-    const measured: Array<{ health: Load; r1: Load; r10: Load }> = [];
+    const measured: Round[] = [];
     for (let round = 0; round < rounds; round++) {
       const health = await load(stack, '/healthz', seconds);
       const r1 = await load(stack, '/v1/encrypt/bench', seconds, one);
@@ -48,18 +55,21 @@ export async function syncBench(seconds: number, rounds: number): Promise<Row[]>
       if (errors > 0) throw new Error(`sync bench: ${errors} failed requests`);
       measured.push({ health, r1, r10 });
     }
-    const ratio = (m: (typeof measured)[number], r: Load) => r.rps / m.health.rps;
+    const ratio = (m: Round, r: Load) => r.rps / m.health.rps;
     const byRatio = [...measured].sort((a, b) => ratio(a, a.r10) - ratio(b, b.r10));
     const { health, r1, r10 } = byRatio[Math.floor((byRatio.length - 1) / 2)]!;
-    const range = (pick: (m: (typeof measured)[number]) => number, digits: number, unit: string) => {
+    /** The range of one figure over the rounds, for the notes (nothing for a single round). */
+    const range = (pick: (m: Round) => number, digits: number, unit: string): string | undefined => {
+      if (rounds === 1) return undefined;
       const values = measured.map(pick);
-      return rounds > 1 ? `; ${rounds} rounds: ${Math.min(...values).toFixed(digits)}–${Math.max(...values).toFixed(digits)}${unit}` : '';
+      return `${rounds} rounds: ${Math.min(...values).toFixed(digits)}–${Math.max(...values).toFixed(digits)}${unit}`;
     };
+    const note = (...parts: Array<string | undefined>) => parts.filter(Boolean).join('; ');
     return [
-      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: `p50 ${health.p50} ms, p99 ${health.p99} ms${range((m) => m.health.rps / 1000, 1, 'k req/s')}` },
-      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: `p50 ${r1.p50} ms, p99 ${r1.p99} ms${range((m) => ratio(m, m.r1), 2, '×')}` },
-      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: `p50 ${r10.p50} ms, p99 ${r10.p99} ms${range((m) => ratio(m, m.r10), 2, '×')}` },
-      { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms', note: range((m) => m.r10.p99, 0, ' ms').replace(/^; /, '') },
+      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: note(`p50 ${health.p50} ms, p99 ${health.p99} ms`, range((m) => m.health.rps / 1000, 1, 'k req/s')) },
+      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: note(`p50 ${r1.p50} ms, p99 ${r1.p99} ms`, range((m) => ratio(m, m.r1), 2, '×')) },
+      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: note(`p50 ${r10.p50} ms, p99 ${r10.p99} ms`, range((m) => ratio(m, m.r10), 2, '×')) },
+      { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms', note: note(range((m) => m.r10.p99, 0, ' ms')) },
     ];
   } finally {
     await stack.stop();

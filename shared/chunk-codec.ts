@@ -63,15 +63,12 @@ export class ChunkPacker {
 
   /** The items added so far as one buffer (its own memory); the packer starts a new chunk. */
   take(): Buffer {
-    const out = Buffer.from(this.#buf.subarray(0, this.#at));
-    this.#at = 0;
-    this.#count = 0;
-    return out;
+    return this.takeView((packed) => Buffer.from(packed));
   }
 
   /**
    * Hands the items added so far to `use` as a view of the packer's own buffer, valid only
-   * during the call (`use` seals or copies it), and starts a new chunk: take() without its copy.
+   * during the call (`use` seals or copies it), and starts a new chunk.
    * The items may be plaintexts: the buffer is wiped after the call, not left for the next chunk.
    */
   takeView<T>(use: (packed: Buffer) => T): T {
