@@ -1,5 +1,8 @@
 import { hkdfSync, randomBytes } from 'node:crypto';
-import { assertKeyBytes, gcmOpen, gcmSeal, KEY_BYTES, NONCE_BYTES } from './crypto/aes-gcm.js';
+import { assertKeyBytes, gcmOpen, gcmSealInto, KEY_BYTES, NONCE_BYTES, TAG_BYTES } from './crypto/aes-gcm.js';
+
+/** What sealing adds to a record: nonce and tag. */
+export const SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES;
 
 /** What a sealed record is: batch chunk inputs and results, or an idempotent answer. */
 export type AtRestPurpose = 'batch' | 'idempotency';
@@ -26,7 +29,14 @@ export class AtRestSealer {
 
   /** Returns nonce ‖ ciphertext ‖ tag. */
   seal(purpose: AtRestPurpose, id: string, part: string, data: Buffer): Buffer {
-    return gcmSeal(this.#dataKey(this.#master, purpose, id), randomBytes(NONCE_BYTES), aad(purpose, id, part), data);
+    const out = Buffer.allocUnsafe(data.length + SEAL_OVERHEAD);
+    this.sealInto(purpose, id, part, data, out);
+    return out;
+  }
+
+  /** `seal` into `out` (at least `data.length + SEAL_OVERHEAD` bytes); returns the bytes written. */
+  sealInto(purpose: AtRestPurpose, id: string, part: string, data: Buffer, out: Buffer): number {
+    return gcmSealInto(this.#dataKey(this.#master, purpose, id), randomBytes(NONCE_BYTES), aad(purpose, id, part), data, out, 0);
   }
 
   /** Opens what `seal` made; throws (without detail) when it fails authentication. */

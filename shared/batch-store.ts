@@ -104,6 +104,11 @@ export class BatchStore {
     return this.#sealer.seal('batch', id, `in:${chunk}`, packed);
   }
 
+  /** `sealInput` into `out` (at least `packed.length + SEAL_OVERHEAD` bytes); the bytes written. */
+  sealInputInto(id: string, chunk: number, packed: Buffer, out: Buffer): number {
+    return this.#sealer.sealInto('batch', id, `in:${chunk}`, packed, out);
+  }
+
   async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number): Promise<void> {
     const k = this.#keys;
     const input = k.batchInput(id, chunk);

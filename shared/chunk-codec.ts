@@ -20,6 +20,11 @@ export class ChunkPacker {
     return this.#count;
   }
 
+  /** The bytes the items added so far take, headers included. */
+  get bytes(): number {
+    return this.#at;
+  }
+
   /** Adds an item whose bytes are the UTF-8 text the caller sent. */
   add(bytes: Uint8Array): void {
     this.addRange(bytes, 0, bytes.length);

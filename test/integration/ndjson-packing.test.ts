@@ -102,4 +102,17 @@ describe('NDJSON upload packing', () => {
       expect(await packed(body, cuts, false), `seed ${seed}`).toEqual(want);
     }
   });
+
+  it('stores every chunk intact when one body piece fills many chunks before any is written', async () => {
+    // The intake seals chunks into buffers it reuses once their writes are done: a piece of
+    // 300 lines seals ~40 chunks before the first write, and each must keep its own buffer.
+    const rand = random(7);
+    const lines = Array.from({ length: 300 }, () => lineOf(rand));
+    const body = Buffer.from(lines.join('\n') + '\n');
+    const want = expected(lines);
+    for (const native of canPackLines ? [true, false] : [false]) {
+      expect(await packed(body, [], native), `native ${native}`).toEqual(want);
+      expect(await packed(body, [], native), `native ${native}, again`).toEqual(want);
+    }
+  });
 });
