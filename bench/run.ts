@@ -10,7 +10,7 @@ import { crossoverBench } from './crossover.js';
 import { e2eBench } from './e2e.js';
 import { kernelBench } from './kernel.js';
 import { printTable, type Row } from './report.js';
-import { isolationBench, syncBench } from './sync.js';
+import { isolationAb, isolationBench, syncBench } from './sync.js';
 
 const quick = process.argv.includes('--quick');
 const only = process.argv.find((a) => a.startsWith('--only='))?.slice(7).split(',');
@@ -28,10 +28,16 @@ if (want('chunks') && !quick) {
   }
 }
 if (want('sync')) rows.push(...(await syncBench(quick ? 3 : 4, quick ? 1 : 3)));
+// The worker's default scheduling (SCHED_IDLE, nice 19); in the full run also niceness alone, 19 and 0.
+const SCHED_DEFAULT = { nice: 19, sched: 'idle' } as const;
+const NICE_19 = { nice: 19, sched: 'normal' } as const;
 if (want('isolation')) {
-  // The worker's default niceness, and 0 for comparison (the full run only).
-  for (const nice of quick ? [19] : [19, 0]) rows.push(...(await isolationBench(quick ? 3 : 8, quick ? 200_000 : 1_000_000, nice)));
+  for (const scheduling of quick ? [SCHED_DEFAULT] : [SCHED_DEFAULT, NICE_19, { nice: 0, sched: 'normal' } as const]) {
+    rows.push(...(await isolationBench(quick ? 3 : 8, quick ? 200_000 : 1_000_000, scheduling)));
+  }
 }
+// Not in the default run (about 3 minutes): SCHED_IDLE against nice 19 alone, round by round.
+if (only?.includes('isolation-ab')) rows.push(...(await isolationAb(quick ? 3 : 6, 3, 1_000_000, SCHED_DEFAULT, NICE_19)));
 if (want('crossover')) {
   const { rows: crossover, syncFasterUpTo } = await crossoverBench(quick ? [10, 100, 1_000, 10_000] : [10, 100, 1_000, 10_000, 100_000], quick ? 3 : 5);
   rows.push(...crossover, { section: 'crossover', name: 'largest N where sync was faster', value: syncFasterUpTo, unit: 'items' });

@@ -76,12 +76,29 @@ export async function syncBench(seconds: number, rounds: number): Promise<Row[]>
   }
 }
 
+/** How the worker process yields to the API (WORKER_NICE, WORKER_SCHED). */
+export interface WorkerScheduling {
+  readonly nice: number;
+  readonly sched: 'idle' | 'normal';
+}
+
+const described = ({ nice, sched }: WorkerScheduling) => (sched === 'idle' ? `worker at SCHED_IDLE (nice ${nice})` : `worker at nice ${nice}`);
+
+interface Isolation {
+  readonly idle: Load;
+  /** The load while one batch runs, upload to completion. */
+  readonly during: Load;
+  readonly batchMs: number;
+  /** The load while batches run back to back for the whole window (when measured). */
+  readonly busy?: Load & { readonly batches: number };
+}
+
 /**
- * Isolation: 10-item encrypt p99 while batches of `batchItems` run back to back, against the
- * same load idle, with the worker process (event loop and threads) at the given niceness.
+ * 10-item encrypt under load idle, then for exactly as long as one batch of `batchItems` runs
+ * (upload to completion), then (when `backToBack`) with batches back to back for `seconds`.
  */
-export async function isolationBench(seconds: number, batchItems: number, nice: number): Promise<Row[]> {
-  const stack = await startStack({ WORKER_NICE: String(nice) });
+async function measureIsolation(seconds: number, batchItems: number, { nice, sched }: WorkerScheduling, backToBack: boolean): Promise<Isolation> {
+  const stack = await startStack({ WORKER_NICE: String(nice), WORKER_SCHED: sched });
   try {
     await call(stack, 'POST', '/v1/keys/bench');
     const ten = { items: makeItems(10, 'sync') };
@@ -92,30 +109,74 @@ export async function isolationBench(seconds: number, batchItems: number, nice: 
       const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
       await waitForBatch(stack, ((await res.json()) as { batchId: string }).batchId);
     };
-    // The issue's measure: the sync load for exactly as long as one batch runs, upload to completion.
     const started = Date.now();
     const one = runBatch();
     const during = await load(stack, '/v1/encrypt/bench', 120, ten, one);
     await one;
-    const oneMs = Date.now() - started;
-    // And sustained: batches back to back for the whole window.
-    let running = true;
-    let batches = 0;
-    const feeder = (async () => {
-      while (running) {
-        await runBatch();
-        batches++;
-      }
-    })();
-    const busy = await load(stack, '/v1/encrypt/bench', seconds, ten);
-    running = false;
-    await feeder;
-    if (idle.errors + during.errors + busy.errors > 0) throw new Error(`isolation bench: ${idle.errors + during.errors + busy.errors} failed requests`);
-    return [
-      { section: 'isolation', name: `encrypt 10 items p99 during one ${batchItems.toLocaleString('en-US')}-item batch, worker at nice ${nice}`, value: during.p99, unit: 'ms', reference: idle.p99, ratio: during.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; the batch took ${(oneMs / 1000).toFixed(1)} s; ${Math.round(during.rps)} vs ${Math.round(idle.rps)} req/s` },
-      { section: 'isolation', name: `encrypt 10 items p99 while ${batchItems.toLocaleString('en-US')}-item batches run back to back, worker at nice ${nice}`, value: busy.p99, unit: 'ms', reference: idle.p99, ratio: busy.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${batches} batches; ${Math.round(busy.rps)} vs ${Math.round(idle.rps)} req/s` },
-    ];
+    const batchMs = Date.now() - started;
+    let busy: Isolation['busy'];
+    if (backToBack) {
+      let running = true;
+      let batches = 0;
+      const feeder = (async () => {
+        while (running) {
+          await runBatch();
+          batches++;
+        }
+      })();
+      const measured = await load(stack, '/v1/encrypt/bench', seconds, ten);
+      running = false;
+      await feeder;
+      busy = { ...measured, batches };
+    }
+    const errors = idle.errors + during.errors + (busy?.errors ?? 0);
+    if (errors > 0) throw new Error(`isolation bench: ${errors} failed requests`);
+    return { idle, during, batchMs, ...(busy ? { busy } : {}) };
   } finally {
     await stack.stop();
   }
+}
+
+/**
+ * Isolation: 10-item encrypt p99 while one batch of `batchItems` runs, and while batches run
+ * back to back, against the same load idle, with the worker process (event loop and threads)
+ * at the given scheduling.
+ */
+export async function isolationBench(seconds: number, batchItems: number, scheduling: WorkerScheduling): Promise<Row[]> {
+  const { idle, during, batchMs, busy } = await measureIsolation(seconds, batchItems, scheduling, true);
+  const items = batchItems.toLocaleString('en-US');
+  return [
+    { section: 'isolation', name: `encrypt 10 items p99 during one ${items}-item batch, ${described(scheduling)}`, value: during.p99, unit: 'ms', reference: idle.p99, ratio: during.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; the batch took ${(batchMs / 1000).toFixed(1)} s; ${Math.round(during.rps)} vs ${Math.round(idle.rps)} req/s` },
+    { section: 'isolation', name: `encrypt 10 items p99 while ${items}-item batches run back to back, ${described(scheduling)}`, value: busy!.p99, unit: 'ms', reference: idle.p99, ratio: busy!.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${busy!.batches} batches; ${Math.round(busy!.rps)} vs ${Math.round(idle.rps)} req/s` },
+  ];
+}
+
+/**
+ * Two schedulings side by side (`--only=isolation-ab`): `rounds` rounds, each measuring one
+ * batch under `a` then under `b`, so both see the same spell of a shared machine. Reported:
+ * the median p99 during the batch and the median ratio to idle, and in how many rounds `a`'s
+ * p99 during the batch was the lower.
+ */
+export async function isolationAb(rounds: number, seconds: number, batchItems: number, a: WorkerScheduling, b: WorkerScheduling): Promise<Row[]> {
+  const runs: Array<[Isolation, Isolation]> = [];
+  for (let round = 0; round < rounds; round++) {
+    runs.push([await measureIsolation(seconds, batchItems, a, false), await measureIsolation(seconds, batchItems, b, false)]);
+  }
+  const median = (values: number[]) => {
+    const sorted = [...values].sort((x, y) => x - y);
+    const mid = Math.floor(sorted.length / 2);
+    return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  };
+  const items = batchItems.toLocaleString('en-US');
+  const rowOf = (which: 0 | 1, scheduling: WorkerScheduling): Row => {
+    const p99 = runs.map((r) => r[which].during.p99);
+    const ratios = runs.map((r) => r[which].during.p99 / r[which].idle.p99);
+    return {
+      section: 'isolation', name: `median 10-item p99 during one ${items}-item batch over ${rounds} alternating rounds, ${described(scheduling)}`,
+      value: median(p99), unit: 'ms', reference: median(runs.map((r) => r[which].idle.p99)), ratio: median(ratios),
+      note: `during: ${p99.join(', ')} ms; ratio to idle ${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)}×, within 2× in ${ratios.filter((x) => x <= 2).length} of ${rounds}`,
+    };
+  };
+  const aLower = runs.filter(([x, y]) => x.during.p99 < y.during.p99).length;
+  return [rowOf(0, a), rowOf(1, b), { section: 'isolation', name: `rounds where the ${described(a)} had the lower p99 during the batch`, value: aLower, unit: `of ${rounds}` }];
 }

@@ -5,10 +5,13 @@
 // into a caller-provided buffer, byte for byte what the JavaScript kernel writes.
 //
 // Input layout (shared/chunk-codec.ts): per item [u8 flag][u32le length][length bytes].
+#define _GNU_SOURCE // SCHED_IDLE
 #define NAPI_VERSION 8
+#include <errno.h>
 #include <node_api.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,6 +546,26 @@ static napi_value pack_lines_js(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+// setIdleScheduling(thread) → 0, or the errno: Linux's SCHED_IDLE policy for one thread (0:
+// the calling one), which then runs only when a core would otherwise be idle. Threads it
+// starts later inherit the policy. Node can set a niceness (os.setPriority) but not a policy.
+static napi_value set_idle_scheduling(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1];
+  int32_t thread = 0;
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  if (argc < 1 || napi_get_value_int32(env, argv[0], &thread) != napi_ok) return throw_msg(env, "setIdleScheduling(thread): thread must be a thread id");
+#ifdef SCHED_IDLE
+  struct sched_param param = {0};
+  int rc = sched_setscheduler(thread, SCHED_IDLE, &param) == 0 ? 0 : errno;
+#else
+  int rc = ENOSYS;
+#endif
+  napi_value out;
+  CHECK(napi_create_int32(env, rc, &out));
+  return out;
+}
+
 NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
   memset(B64_REV, -1, sizeof B64_REV);
   for (int i = 0; i < 64; i++) B64_REV[(uint8_t)B64[i]] = (int8_t)i;
@@ -550,7 +573,8 @@ NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
     {"setErrors", NULL, set_errors, NULL, NULL, NULL, napi_default, NULL},
     {"run", NULL, run, NULL, NULL, NULL, napi_default, NULL},
     {"packLines", NULL, pack_lines_js, NULL, NULL, NULL, napi_default, NULL},
+    {"setIdleScheduling", NULL, set_idle_scheduling, NULL, NULL, NULL, napi_default, NULL},
   };
-  if (napi_define_properties(env, exports, 3, props) != napi_ok) return NULL;
+  if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
   return exports;
 }

@@ -1,5 +1,6 @@
 import { availableParallelism } from 'node:os';
 import { z } from 'zod';
+import type { WorkerPriority } from './priority.js';
 import { parseTokens, type TokenEntry } from './tokens.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
@@ -91,6 +92,12 @@ const envSchema = z.object({
    * isolation); on a machine of its own a worker runs as fast at any niceness.
    */
   WORKER_NICE: int(0, 19).default(19),
+  /**
+   * `idle`: the worker's threads also take Linux's SCHED_IDLE policy and run only when a core
+   * would otherwise be idle (bench: isolation); it needs the native addon, and without it the
+   * niceness above is all there is. `normal`: the niceness alone.
+   */
+  WORKER_SCHED: z.enum(['idle', 'normal']).default('idle'),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
@@ -134,7 +141,7 @@ export interface Config {
   readonly webhookSecret: string | undefined;
   readonly webhookAllowedHosts: readonly string[];
   readonly workerMetricsPort: number;
-  readonly workerNice: number;
+  readonly workerPriority: WorkerPriority;
   readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
   readonly logRequests: boolean;
@@ -192,7 +199,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookSecret: e.WEBHOOK_SECRET,
     webhookAllowedHosts: Object.freeze(e.WEBHOOK_ALLOWED_HOSTS.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean)),
     workerMetricsPort: e.WORKER_METRICS_PORT,
-    workerNice: e.WORKER_NICE,
+    workerPriority: Object.freeze({ nice: e.WORKER_NICE, idle: e.WORKER_SCHED === 'idle' }),
     kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
     logRequests: e.LOG_REQUESTS === 'true' || e.LOG_REQUESTS === '1',

@@ -7,7 +7,11 @@ import { startWorker } from './runner.js';
 const config = loadConfig();
 const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
 // Before any thread starts, so that the crypto threads and libuv's pool inherit it.
-if (!lowerProcessPriority(config.workerNice)) logger.warn({ nice: config.workerNice }, 'could not lower the worker\'s priority: it competes with the API as an equal');
+const lowered = lowerProcessPriority(config.workerPriority);
+const { nice, idle } = config.workerPriority;
+if (!lowered.nice) logger.warn({ nice }, 'could not lower the worker\'s niceness: it competes with the API as an equal');
+else if (idle && !lowered.idle) logger.warn({ nice }, 'SCHED_IDLE is not available here (it needs Linux and the native addon): the worker runs at its niceness alone');
+else logger.info({ nice, sched: lowered.idle ? 'idle' : 'normal' }, 'worker priority');
 const worker = await startWorker(config, logger);
 
 let closing = false;

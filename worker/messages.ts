@@ -1,6 +1,7 @@
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
 import type { KernelChoice } from '../shared/crypto/kernel.js';
 import type { KeyRingData } from '../shared/crypto/key-ring.js';
+import type { WorkerPriority } from '../shared/priority.js';
 
 /** What the pool posts to a thread: the chunk's packed inputs travel as a transferred buffer. */
 export interface ThreadTask {
@@ -10,8 +11,8 @@ export interface ThreadTask {
   /** The key a rewrap re-encrypts into (migration), if not `ring` itself. */
   readonly target?: KeyRingData;
   readonly kernel: KernelChoice;
-  /** Niceness the thread gives itself before its first chunk. */
-  readonly nice: number;
+  /** The priority the thread gives itself before its first chunk. */
+  readonly priority: WorkerPriority;
 }
 
 /**

@@ -2,6 +2,7 @@ import { Piscina } from 'piscina';
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
 import type { KernelChoice } from '../shared/crypto/kernel.js';
 import type { KeyRingData } from '../shared/crypto/key-ring.js';
+import type { WorkerPriority } from '../shared/priority.js';
 import { decodeResult, type DecodedResult, type ThreadTask } from './messages.js';
 
 export interface CryptoPoolOptions {
@@ -9,19 +10,19 @@ export interface CryptoPoolOptions {
   readonly threads: number;
   /** Which crypto kernel the threads use: the native one where built (`auto`), or always `js`. */
   readonly kernel: KernelChoice;
-  /** Niceness of the threads (WORKER_NICE). */
-  readonly nice: number;
+  /** The threads' priority (WORKER_NICE, WORKER_SCHED). */
+  readonly priority: WorkerPriority;
 }
 
 /** A worker_threads pool (piscina) that runs whole chunks; the main thread only moves buffers. */
 export class CryptoPool {
   readonly #pool: Piscina<ThreadTask, Uint8Array>;
   readonly #kernel: KernelChoice;
-  readonly #nice: number;
+  readonly #priority: WorkerPriority;
 
-  constructor({ threads, kernel, nice }: CryptoPoolOptions) {
+  constructor({ threads, kernel, priority }: CryptoPoolOptions) {
     this.#kernel = kernel;
-    this.#nice = nice;
+    this.#priority = priority;
     if (!Number.isInteger(threads) || threads < 1) throw new RangeError(`CryptoPool: threads must be a positive integer, got ${threads}`);
     this.#pool = new Piscina({
       filename: new URL('./thread.js', import.meta.url).href,
@@ -35,7 +36,7 @@ export class CryptoPool {
   /** Runs a chunk; `target` is the key a rewrap re-encrypts into, when it is not `ring`'s own latest version. */
   async run(job: ChunkJob, input: Buffer, ring: KeyRingData, target?: KeyRingData): Promise<DecodedResult> {
     const owned = ownsArrayBuffer(input) ? input : new Uint8Array(input);
-    const task: ThreadTask = { job, input: owned, ring, ...(target ? { target } : {}), kernel: this.#kernel, nice: this.#nice };
+    const task: ThreadTask = { job, input: owned, ring, ...(target ? { target } : {}), kernel: this.#kernel, priority: this.#priority };
     // Transfer, not copy: the chunk's bytes move to the thread and the result buffer moves back.
     const result = await this.#pool.run(task, { transferList: [owned.buffer as ArrayBuffer] });
     return decodeResult(result);

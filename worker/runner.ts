@@ -31,7 +31,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const masterKey = requireMasterKey(config);
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey)), config.keyCacheTtlMs);
-  const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, nice: config.workerNice });
+  const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, priority: config.workerPriority });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);

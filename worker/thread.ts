@@ -1,8 +1,8 @@
-import { setPriority } from 'node:os';
 import { move } from 'piscina';
 import { runChunkInto } from '../shared/crypto/kernel.js';
 import { KeyRing } from '../shared/crypto/key-ring.js';
 import { NonceSource } from '../shared/crypto/nonces.js';
+import { lowerThreadPriority } from '../shared/priority.js';
 import { RESULT_HEADER_BYTES, writeResultHeader, type ThreadTask } from './messages.js';
 
 // Runs inside a worker thread: one chunk per task, crypto on buffers, off the worker's event loop.
@@ -12,13 +12,10 @@ let niced = false;
 export default function runTask(task: ThreadTask): Uint8Array {
   if (!niced) {
     niced = true;
-    // On Linux, priority 0 means the calling thread. The worker process has set its own threads
-    // already (worker/main.ts); this covers a pool started in another process (tests).
-    try {
-      setPriority(0, task.nice);
-    } catch {
-      // Not permitted here (some containers): run at the default priority.
-    }
+    // The worker process has set its own threads already (worker/main.ts), and threads inherit
+    // it; this covers a pool started in another process (tests). Where lowering is refused
+    // (some containers), the thread runs at the default priority.
+    lowerThreadPriority(0, task.priority);
   }
   const ring = new KeyRing(task.ring);
   const target = task.target ? new KeyRing(task.target) : undefined;

@@ -16,6 +16,8 @@ interface NativeAddon {
    * JavaScript starts at `next`, 2 = maxItems packed.
    */
   packLines(src: Uint8Array, out: Uint8Array, state: Uint32Array): void;
+  /** Linux's SCHED_IDLE policy for a thread (0: the calling one); 0, or the errno. */
+  setIdleScheduling(thread: number): number;
 }
 
 /** A call's scalars, [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion], and the key versions. */

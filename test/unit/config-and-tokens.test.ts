@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../shared/config.js';
+import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { MasterKey } from '../../shared/master-key.js';
 import { parseTokens, TokenVerifier } from '../../shared/tokens.js';
 
@@ -61,22 +62,37 @@ describe('master key wrapping', () => {
 });
 
 describe('worker priority', () => {
-  it.runIf(process.platform === 'linux')('lowers every thread of the process, helpers included, and threads started later inherit it', () => {
-    // In a child process: lowering this one's priority would slow the rest of the suite.
+  /** Lowers a child process's priority (lowering this one's would slow the rest of the suite); what each thread then has. */
+  function lowerInChild(priority: { nice: number; idle: boolean }): { lowered: { nice: boolean; idle: boolean }; nice: number[]; policy: number[] } {
     const script = `
       import { readdirSync, readFileSync } from 'node:fs';
       import { Worker } from 'node:worker_threads';
       import { lowerProcessPriority } from ${JSON.stringify(resolve(import.meta.dirname, '../../dist/shared/priority.js'))};
-      const lowered = lowerProcessPriority(7);
+      const lowered = lowerProcessPriority(${JSON.stringify(priority)});
       const worker = new Worker('setTimeout(() => {}, 200)', { eval: true });
       await new Promise((r) => worker.once('online', r));
-      const nice = readdirSync('/proc/self/task').map((t) => Number(readFileSync('/proc/self/task/' + t + '/stat', 'utf8').split(') ')[1].split(' ')[16]));
-      console.log(JSON.stringify({ lowered, nice }));
+      // /proc/<pid>/task/<tid>/stat after the command name: field 19 is the niceness, 41 the policy.
+      const stats = readdirSync('/proc/self/task').map((t) => readFileSync('/proc/self/task/' + t + '/stat', 'utf8').split(') ')[1].split(' '));
+      console.log(JSON.stringify({ lowered, nice: stats.map((f) => Number(f[16])), policy: stats.map((f) => Number(f[38])) }));
       await worker.terminate();`;
-    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8' });
-    const { lowered, nice } = JSON.parse(out) as { lowered: boolean; nice: number[] };
-    expect(lowered).toBe(true);
+    return JSON.parse(execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8' }));
+  }
+  const SCHED_OTHER = 0;
+  const SCHED_IDLE = 5;
+
+  it.runIf(process.platform === 'linux')('lowers every thread of the process, helpers included, and threads started later inherit it', () => {
+    const { lowered, nice, policy } = lowerInChild({ nice: 7, idle: false });
+    expect(lowered).toEqual({ nice: true, idle: false });
     expect(nice.length).toBeGreaterThan(5);
     expect(new Set(nice)).toEqual(new Set([7]));
+    expect(new Set(policy)).toEqual(new Set([SCHED_OTHER]));
+  });
+
+  it.runIf(process.platform === 'linux' && nativeKernel !== undefined)('puts every thread under SCHED_IDLE with WORKER_SCHED=idle, threads started later too', () => {
+    const { lowered, nice, policy } = lowerInChild({ nice: 19, idle: true });
+    expect(lowered).toEqual({ nice: true, idle: true });
+    expect(policy.length).toBeGreaterThan(5);
+    expect(new Set(policy)).toEqual(new Set([SCHED_IDLE]));
+    expect(new Set(nice)).toEqual(new Set([19]));
   });
 });
