@@ -37,7 +37,7 @@ if (want('isolation')) {
   }
 }
 // Not in the default run (about 3 minutes): SCHED_IDLE against nice 19 alone, round by round.
-if (only?.includes('isolation-ab')) rows.push(...(await isolationAb(quick ? 3 : 6, 3, 1_000_000, SCHED_DEFAULT, NICE_19)));
+if (only?.includes('isolation-ab')) rows.push(...(await isolationAb(quick ? 2 : 6, 3, quick ? 200_000 : 1_000_000, SCHED_DEFAULT, NICE_19)));
 if (want('crossover')) {
   const { rows: crossover, syncFasterUpTo } = await crossoverBench(quick ? [10, 100, 1_000, 10_000] : [10, 100, 1_000, 10_000, 100_000], quick ? 3 : 5);
   rows.push(...crossover, { section: 'crossover', name: 'largest N where sync was faster', value: syncFasterUpTo, unit: 'items' });

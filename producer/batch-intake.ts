@@ -40,8 +40,8 @@ export interface IntakeOptions {
 
 /**
  * Turns a stream of items into stored, queued chunks. Parsers call `add`/`reject` synchronously;
- * the upload loop awaits `drain()` between body pieces, so at most one chunk (plus one body
- * piece) is ever held in memory whatever the size of the batch.
+ * the upload loop awaits `drain()` between body pieces, so what is held in memory is a body
+ * piece and the chunks it filled, whatever the size of the batch.
  */
 export class BatchIntake {
   readonly #store: BatchStore;
@@ -52,8 +52,9 @@ export class BatchIntake {
   /** Chunks sealed and waiting for their write (drain keeps MAX_IN_FLIGHT writes going). */
   readonly #full: SealedChunk[] = [];
   /**
-   * Buffers of chunks already stored, to seal the next chunks into: an upload allocates a few
-   * chunk buffers, not one per chunk (fewer buffers awaiting collection: bench, API peak RSS).
+   * Buffers of chunks already stored, to seal the next chunks into: the sealed copy of each
+   * chunk, the one that waits for its write, reuses a few buffers instead of a new one per
+   * chunk (fewer buffers awaiting collection: bench, API peak RSS).
    */
   readonly #spare: Buffer[] = [];
   #chunks = 0;

@@ -93,9 +93,10 @@ const envSchema = z.object({
    */
   WORKER_NICE: int(0, 19).default(19),
   /**
-   * `idle`: the worker's threads also take Linux's SCHED_IDLE policy and run only when a core
-   * would otherwise be idle (bench: isolation); it needs the native addon, and without it the
-   * niceness above is all there is. `normal`: the niceness alone.
+   * `idle`: the worker's threads also take Linux's SCHED_IDLE policy, a far smaller share of a
+   * busy core than nice 19 gives (bench: isolation); it needs the native addon, and without it
+   * the niceness above is all there is. `normal`: the niceness alone. Like niceness it ranks
+   * threads within one cgroup: containers apart are ranked by their CPU requests or weights.
    */
   WORKER_SCHED: z.enum(['idle', 'normal']).default('idle'),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */

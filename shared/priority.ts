@@ -1,5 +1,5 @@
 import { readdirSync } from 'node:fs';
-import { setPriority } from 'node:os';
+import { constants, setPriority } from 'node:os';
 import { nativeKernel } from './crypto/native-kernel.js';
 
 /** How a worker yields the CPU to an API on the same cores (WORKER_NICE, WORKER_SCHED). */
@@ -7,19 +7,25 @@ export interface WorkerPriority {
   /** Niceness: 0 = as the API, 19 = lowest. */
   readonly nice: number;
   /**
-   * Linux's SCHED_IDLE policy as well: the threads run only when a core would otherwise be
-   * idle. It needs the native addon (Node sets niceness only); without it, niceness alone.
+   * Linux's SCHED_IDLE policy as well: a CPU weight of 3, against 15 at nice 19, so the threads
+   * get a far smaller share of a core the API wants. It needs the native addon (Node sets
+   * niceness only); without it, niceness alone.
    */
   readonly idle: boolean;
 }
 
-/** What lowering achieved: the niceness, and whether SCHED_IDLE is in force. */
+/** What lowering achieved. */
 export interface Lowered {
+  /** Every thread has the niceness asked for. */
   readonly nice: boolean;
+  /** Every thread is under SCHED_IDLE (false where it was not asked for). */
   readonly idle: boolean;
+  /** Why SCHED_IDLE is not in force, where it was asked for. */
+  readonly idleRefused?: string;
 }
 
-const ESRCH = 3;
+const { ESRCH } = constants.errno;
+const errnoName = (code: number) => Object.entries(constants.errno).find(([, value]) => value === code)?.[0] ?? `errno ${code}`;
 
 /**
  * Lowers one thread (0: the calling one). A thread that ended meanwhile counts as lowered:
@@ -32,9 +38,12 @@ export function lowerThreadPriority(thread: number, { nice, idle }: WorkerPriori
   } catch (err) {
     niced = (err as { info?: { code?: string } }).info?.code === 'ESRCH';
   }
-  if (!idle || !nativeKernel || process.platform !== 'linux') return { nice: niced, idle: false };
+  if (!idle) return { nice: niced, idle: false };
+  if (process.platform !== 'linux') return { nice: niced, idle: false, idleRefused: 'not Linux' };
+  // An addon built before setIdleScheduling existed loads, and lacks it.
+  if (typeof nativeKernel?.setIdleScheduling !== 'function') return { nice: niced, idle: false, idleRefused: 'the native addon is not built, or is older than WORKER_SCHED' };
   const rc = nativeKernel.setIdleScheduling(thread);
-  return { nice: niced, idle: rc === 0 || rc === ESRCH };
+  return rc === 0 || rc === ESRCH ? { nice: niced, idle: true } : { nice: niced, idle: false, idleRefused: `sched_setscheduler: ${errnoName(rc)}` };
 }
 
 /**
@@ -50,5 +59,6 @@ export function lowerProcessPriority(priority: WorkerPriority): Lowered {
     threads = [0];
   }
   const each = threads.map((thread) => lowerThreadPriority(thread, priority));
-  return { nice: each.every((l) => l.nice), idle: priority.idle && each.every((l) => l.idle) };
+  const refused = each.find((l) => l.idleRefused !== undefined)?.idleRefused;
+  return { nice: each.every((l) => l.nice), idle: priority.idle && each.every((l) => l.idle), ...(refused ? { idleRefused: refused } : {}) };
 }

@@ -9,9 +9,10 @@ const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' })
 // Before any thread starts, so that the crypto threads and libuv's pool inherit it.
 const lowered = lowerProcessPriority(config.workerPriority);
 const { nice, idle } = config.workerPriority;
-if (!lowered.nice) logger.warn({ nice }, 'could not lower the worker\'s niceness: it competes with the API as an equal');
-else if (idle && !lowered.idle) logger.warn({ nice }, 'SCHED_IDLE is not available here (it needs Linux and the native addon): the worker runs at its niceness alone');
-else logger.info({ nice, sched: lowered.idle ? 'idle' : 'normal' }, 'worker priority');
+if (idle && !lowered.idle) logger.warn({ reason: lowered.idleRefused }, 'SCHED_IDLE not set (WORKER_SCHED=idle): the worker relies on its niceness');
+if (!lowered.nice) logger.warn({ nice }, 'could not lower the worker\'s niceness (some threads or all)');
+if (!lowered.nice && !lowered.idle) logger.warn('the worker competes with the API for CPU as an equal');
+logger.info({ nice: lowered.nice ? nice : 'unchanged', sched: lowered.idle ? 'idle' : 'normal' }, 'worker priority');
 const worker = await startWorker(config, logger);
 
 let closing = false;

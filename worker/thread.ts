@@ -13,8 +13,8 @@ export default function runTask(task: ThreadTask): Uint8Array {
   if (!niced) {
     niced = true;
     // The worker process has set its own threads already (worker/main.ts), and threads inherit
-    // it; this covers a pool started in another process (tests). Where lowering is refused
-    // (some containers), the thread runs at the default priority.
+    // it; this covers a pool started in another process (tests). Where lowering is refused,
+    // the thread keeps the priority it inherited.
     lowerThreadPriority(0, task.priority);
   }
   const ring = new KeyRing(task.ring);
