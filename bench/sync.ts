@@ -1,3 +1,4 @@
+import { setTimeout as delay } from 'node:timers/promises';
 import autocannon from 'autocannon';
 import { makeItems } from './naive.js';
 import type { Row } from './report.js';
@@ -18,19 +19,55 @@ interface Round {
 }
 
 /** 100 connections for `seconds`, or until `until` settles (then stopped there). */
-async function load(stack: Stack, path: string, seconds: number, body?: unknown, until?: Promise<unknown>): Promise<Load> {
+/** The span of a load that counts: from `start` settling to `end` settling. */
+interface Window {
+  readonly start: Promise<unknown>;
+  readonly end: Promise<unknown>;
+}
+
+/**
+ * 100 connections for `seconds`, autocannon's own figures; or, with a window, the responses
+ * that arrive within it (the load runs from before `start`, so connections are open and warm,
+ * until `end`). autocannon stops only at its next one-second tick, so its own figures would
+ * take in up to a second beyond the end.
+ */
+async function load(stack: Stack, path: string, seconds: number, body?: unknown, window?: Window): Promise<Load> {
   const instance = autocannon({
     url: stack.url + path,
     connections: 100,
-    duration: seconds,
+    duration: window ? 600 : seconds,
     method: body ? 'POST' : 'GET',
     headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/json' },
     ...(body ? { body: JSON.stringify(body) } : {}),
   });
-  // Without a callback autocannon returns a promise that is also the instance.
-  void until?.finally(() => (instance as unknown as { stop(): void }).stop());
+  if (!window) {
+    const result = await instance;
+    return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx };
+  }
+  // Without a callback autocannon returns a promise that is also the instance (an EventEmitter).
+  const tracker = instance as unknown as autocannon.Instance;
+  const times: number[] = [];
+  let started = Infinity;
+  let ended = Infinity;
+  tracker.on('response', (_client, _status, _bytes, responseTime) => {
+    const now = performance.now();
+    if (now >= started && now <= ended) times.push(responseTime);
+  });
+  void window.start.finally(() => (started = performance.now()));
+  void window.end.finally(() => {
+    ended = performance.now();
+    tracker.stop();
+  });
   const result = await instance;
-  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx };
+  times.sort((x, y) => x - y);
+  const at = (q: number) => Math.round(times[Math.max(0, Math.ceil(q * times.length) - 1)] ?? NaN);
+  return { rps: times.length / ((ended - started) / 1000), p50: at(0.5), p99: at(0.99), errors: result.errors + result.non2xx };
+}
+
+/** A window of `seconds` that opens once the load has run for a second. */
+function warmWindow(seconds: number): Window {
+  const start = delay(1_000);
+  return { start, end: start.then(() => delay(seconds * 1_000)) };
 }
 
 /**
@@ -103,17 +140,23 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
     await call(stack, 'POST', '/v1/keys/bench');
     const ten = { items: makeItems(10, 'sync') };
     await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
-    const idle = await load(stack, '/v1/encrypt/bench', seconds, ten);
+    // Idle, during and back to back measured alike: responses within a window that opens once
+    // the load's connections are warm.
+    const idle = await load(stack, '/v1/encrypt/bench', seconds, ten, warmWindow(seconds));
     const body = Buffer.from(makeItems(batchItems, 'iso').map((s) => `"${s}"`).join('\n') + '\n');
     const runBatch = async (): Promise<void> => {
       const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
       await waitForBatch(stack, ((await res.json()) as { batchId: string }).batchId);
     };
-    const started = Date.now();
-    const one = runBatch();
-    const during = await load(stack, '/v1/encrypt/bench', 120, ten, one);
+    let batchMs = 0;
+    const warm = delay(1_000);
+    const one = warm.then(async () => {
+      const started = Date.now();
+      await runBatch();
+      batchMs = Date.now() - started;
+    });
+    const during = await load(stack, '/v1/encrypt/bench', 0, ten, { start: warm, end: one });
     await one;
-    const batchMs = Date.now() - started;
     let busy: Isolation['busy'];
     if (backToBack) {
       let running = true;
@@ -124,7 +167,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
           batches++;
         }
       })();
-      const measured = await load(stack, '/v1/encrypt/bench', seconds, ten);
+      const measured = await load(stack, '/v1/encrypt/bench', seconds, ten, warmWindow(seconds));
       running = false;
       await feeder;
       busy = { ...measured, batches };
