@@ -18,24 +18,27 @@ interface Round {
   readonly r10: Load;
 }
 
-/** 100 connections for `seconds`, or until `until` settles (then stopped there). */
 /** The span of a load that counts: from `start` settling to `end` settling. */
 interface Window {
   readonly start: Promise<unknown>;
   readonly end: Promise<unknown>;
 }
 
+/** A window that has not closed by then fails the bench (a batch that never completes). */
+const WINDOW_LIMIT_S = 300;
+
 /**
- * 100 connections for `seconds`, autocannon's own figures; or, with a window, the responses
- * that arrive within it (the load runs from before `start`, so connections are open and warm,
- * until `end`). autocannon stops only at its next one-second tick, so its own figures would
- * take in up to a second beyond the end.
+ * 100 connections for `span` seconds, autocannon's own figures; or, for a window, the
+ * responses that arrive within it (the load runs from before `start`, so connections are open
+ * and warm, until `end`). autocannon stops only at its next one-second tick, so its own figures
+ * would take in up to a second beyond the end.
  */
-async function load(stack: Stack, path: string, seconds: number, body?: unknown, window?: Window): Promise<Load> {
+async function load(stack: Stack, path: string, span: number | Window, body?: unknown): Promise<Load> {
+  const window = typeof span === 'number' ? undefined : span;
   const instance = autocannon({
     url: stack.url + path,
     connections: 100,
-    duration: window ? 600 : seconds,
+    duration: window ? WINDOW_LIMIT_S : (span as number),
     method: body ? 'POST' : 'GET',
     headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/json' },
     ...(body ? { body: JSON.stringify(body) } : {}),
@@ -53,14 +56,19 @@ async function load(stack: Stack, path: string, seconds: number, body?: unknown,
     const now = performance.now();
     if (now >= started && now <= ended) times.push(responseTime);
   });
-  void window.start.finally(() => (started = performance.now()));
-  void window.end.finally(() => {
+  const open = () => (started = performance.now());
+  const close = () => {
     ended = performance.now();
     tracker.stop();
-  });
+  };
+  // Settled either way: a failed batch closes the window too, and its caller sees the failure.
+  window.start.then(open, open);
+  window.end.then(close, close);
   const result = await instance;
+  if (ended === Infinity) throw new Error(`${path}: the measured window did not close within ${WINDOW_LIMIT_S} s`);
+  if (times.length === 0) throw new Error(`${path}: no response arrived within the measured window`);
   times.sort((x, y) => x - y);
-  const at = (q: number) => Math.round(times[Math.max(0, Math.ceil(q * times.length) - 1)] ?? NaN);
+  const at = (q: number) => Math.round(times[Math.max(0, Math.ceil(q * times.length) - 1)]!);
   return { rps: times.length / ((ended - started) / 1000), p50: at(0.5), p99: at(0.99), errors: result.errors + result.non2xx };
 }
 
@@ -142,7 +150,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
     await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
     // Idle, during and back to back measured alike: responses within a window that opens once
     // the load's connections are warm.
-    const idle = await load(stack, '/v1/encrypt/bench', seconds, ten, warmWindow(seconds));
+    const idle = await load(stack, '/v1/encrypt/bench', warmWindow(seconds), ten);
     const body = Buffer.from(makeItems(batchItems, 'iso').map((s) => `"${s}"`).join('\n') + '\n');
     const runBatch = async (): Promise<void> => {
       const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
@@ -155,7 +163,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
       await runBatch();
       batchMs = Date.now() - started;
     });
-    const during = await load(stack, '/v1/encrypt/bench', 0, ten, { start: warm, end: one });
+    const during = await load(stack, '/v1/encrypt/bench', { start: warm, end: one }, ten);
     await one;
     let busy: Isolation['busy'];
     if (backToBack) {
@@ -167,7 +175,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
           batches++;
         }
       })();
-      const measured = await load(stack, '/v1/encrypt/bench', seconds, ten, warmWindow(seconds));
+      const measured = await load(stack, '/v1/encrypt/bench', warmWindow(seconds), ten);
       running = false;
       await feeder;
       busy = { ...measured, batches };
@@ -190,7 +198,7 @@ export async function isolationBench(seconds: number, batchItems: number, schedu
   const items = batchItems.toLocaleString('en-US');
   return [
     { section: 'isolation', name: `encrypt 10 items p99 during one ${items}-item batch, ${described(scheduling)}`, value: during.p99, unit: 'ms', reference: idle.p99, ratio: during.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; the batch took ${(batchMs / 1000).toFixed(1)} s; ${Math.round(during.rps)} vs ${Math.round(idle.rps)} req/s` },
-    { section: 'isolation', name: `encrypt 10 items p99 while ${items}-item batches run back to back, ${described(scheduling)}`, value: busy!.p99, unit: 'ms', reference: idle.p99, ratio: busy!.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${busy!.batches} batches; ${Math.round(busy!.rps)} vs ${Math.round(idle.rps)} req/s` },
+    { section: 'isolation', name: `encrypt 10 items p99 while ${items}-item batches run back to back, ${described(scheduling)}`, value: busy!.p99, unit: 'ms', reference: idle.p99, ratio: busy!.p99 / idle.p99, note: `idle p99 ${idle.p99} ms; ${busy!.batches} batches back to back through the load; ${Math.round(busy!.rps)} vs ${Math.round(idle.rps)} req/s` },
   ];
 }
 
@@ -223,7 +231,7 @@ export async function isolationAb(rounds: number, seconds: number, batchItems: n
     const idle = median(runs.map((r) => r[which].idle.p99));
     const ratios = runs.map((r) => r[which].during.p99 / r[which].idle.p99);
     return {
-      section: 'isolation', name: `median 10-item p99 during one ${items}-item batch over ${rounds} rounds, against the median idle p99, ${described(scheduling)}`,
+      section: 'isolation', name: `median 10-item p99 during one ${items}-item batch over ${rounds} rounds, against the median idle p99 (${seconds} s idle), ${described(scheduling)}`,
       value: median(p99), unit: 'ms', reference: idle, ratio: median(p99) / idle,
       note: `during: ${p99.join(', ')} ms; each round against its idle p99: ${ratios.map((x) => x.toFixed(2)).join(', ')}×, within 2× in ${ratios.filter((x) => x <= 2).length} of ${rounds}`,
     };
