@@ -94,8 +94,8 @@ const envSchema = z.object({
   WORKER_NICE: int(0, 19).default(19),
   /**
    * `idle`: the worker's threads also take Linux's SCHED_IDLE policy, a far smaller share of a
-   * busy core than nice 19 gives (bench: isolation); it needs the native addon, and without it
-   * the niceness above is all there is. `normal`: the niceness alone. Like niceness it ranks
+   * busy core than nice 19 gives (bench: isolation, where the gain over nice 19 was small); it
+   * needs the native addon, and without it the niceness above is all there is. `normal`: the niceness alone. Like niceness it ranks
    * threads within one cgroup: containers apart are ranked by their CPU requests or weights.
    */
   WORKER_SCHED: z.enum(['idle', 'normal']).default('idle'),
