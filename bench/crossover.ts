@@ -1,8 +1,6 @@
 import { makeItems } from './naive.js';
-import type { Row } from './report.js';
+import { median, type Row } from './report.js';
 import { downloadResults, startStack, waitForBatch, type Stack } from './stack.js';
-
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
   const runs: number[] = [];

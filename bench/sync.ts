@@ -1,7 +1,7 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import autocannon from 'autocannon';
 import { makeItems } from './naive.js';
-import type { Row } from './report.js';
+import { median, type Row } from './report.js';
 import { call, startStack, waitForBatch, type Stack } from './stack.js';
 
 interface Load {
@@ -72,9 +72,12 @@ async function load(stack: Stack, path: string, span: number | Window, body?: un
   return { rps: times.length / ((ended - started) / 1000), p50: at(0.5), p99: at(0.99), errors: result.errors + result.non2xx };
 }
 
-/** A window of `seconds` that opens once the load has run for a second. */
+/** How long a windowed load runs before its window opens: connections open and warm. */
+const WARM_MS = 1_000;
+
+/** A window of `seconds` that opens once the load has warmed up. */
 function warmWindow(seconds: number): Window {
-  const start = delay(1_000);
+  const start = delay(WARM_MS);
   return { start, end: start.then(() => delay(seconds * 1_000)) };
 }
 
@@ -157,7 +160,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
       await waitForBatch(stack, ((await res.json()) as { batchId: string }).batchId);
     };
     let batchMs = 0;
-    const warm = delay(1_000);
+    const warm = delay(WARM_MS);
     const one = warm.then(async () => {
       const started = Date.now();
       await runBatch();
@@ -212,19 +215,11 @@ export async function isolationBench(seconds: number, batchItems: number, schedu
 export async function isolationAb(rounds: number, seconds: number, batchItems: number, a: WorkerScheduling, b: WorkerScheduling): Promise<Row[]> {
   const runs: Array<[Isolation, Isolation]> = [];
   for (let round = 0; round < rounds; round++) {
-    if (round % 2 === 0) {
-      const first = await measureIsolation(seconds, batchItems, a, false);
-      runs.push([first, await measureIsolation(seconds, batchItems, b, false)]);
-    } else {
-      const first = await measureIsolation(seconds, batchItems, b, false);
-      runs.push([await measureIsolation(seconds, batchItems, a, false), first]);
-    }
+    const swapped = round % 2 === 1;
+    const first = await measureIsolation(seconds, batchItems, swapped ? b : a, false);
+    const second = await measureIsolation(seconds, batchItems, swapped ? a : b, false);
+    runs.push(swapped ? [second, first] : [first, second]);
   }
-  const median = (values: number[]) => {
-    const sorted = [...values].sort((x, y) => x - y);
-    const mid = Math.floor(sorted.length / 2);
-    return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
-  };
   const items = batchItems.toLocaleString('en-US');
   const rowOf = (which: 0 | 1, scheduling: WorkerScheduling): Row => {
     const p99 = runs.map((r) => r[which].during.p99);

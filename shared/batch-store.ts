@@ -96,15 +96,13 @@ export class BatchStore {
 
   /** Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch has ended. */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
-    await this.addSealedChunk(id, chunk, this.sealInput(id, chunk, packed), count);
+    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count);
   }
 
-  /** A chunk's packed inputs sealed for `addSealedChunk`: the caller may reuse `packed` at once. */
-  sealInput(id: string, chunk: number, packed: Buffer): Buffer {
-    return this.#sealer.seal('batch', id, `in:${chunk}`, packed);
-  }
-
-  /** `sealInput` into `out` (at least `packed.length + SEAL_OVERHEAD` bytes); the bytes written. */
+  /**
+   * A chunk's packed inputs sealed into `out` (at least `packed.length + SEAL_OVERHEAD` bytes)
+   * for `addSealedChunk`; the bytes written. The caller may reuse `packed` at once.
+   */
   sealInputInto(id: string, chunk: number, packed: Buffer, out: Buffer): number {
     return this.#sealer.sealInto('batch', id, `in:${chunk}`, packed, out);
   }
