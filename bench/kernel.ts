@@ -5,6 +5,7 @@ import { runChunkInto, type KernelChoice, type KernelOutput } from '../shared/cr
 import { KeyRing } from '../shared/crypto/key-ring.js';
 import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { NonceSource } from '../shared/crypto/nonces.js';
+import { resultLines } from '../shared/result-codec.js';
 import { makeItems, naiveEncrypt, timeMs } from './naive.js';
 import type { Row } from './report.js';
 
@@ -20,10 +21,16 @@ function packChunks(items: readonly string[]): Buffer[] {
   return chunks;
 }
 
-/** A packed chunk of the ciphertexts in one encrypt output (its lines are `{"ciphertext":…}`). */
-function packCiphertexts(output: Uint8Array): Buffer {
+/** A chunk's result lines, as the API formats them for the download (native where the kernel is). */
+function resultText(output: KernelOutput): string {
+  const stored = Buffer.from(output.buffer.buffer, output.buffer.byteOffset, output.buffer.byteLength);
+  return Buffer.concat([...resultLines(stored, 0, 0, output.kernel === 'native' ? nativeKernel : undefined)]).toString('utf8');
+}
+
+/** A packed chunk of the ciphertexts in one encrypt output (its lines are `{"i":…,"ciphertext":…}`). */
+function packCiphertexts(output: KernelOutput): Buffer {
   const packer = new ChunkPacker();
-  for (const line of Buffer.from(output.buffer, output.byteOffset, output.byteLength).toString('utf8').split('\n')) {
+  for (const line of resultText(output).split('\n')) {
     if (line) packer.add(Buffer.from((JSON.parse(line) as { ciphertext: string }).ciphertext));
   }
   return packer.take();
@@ -32,16 +39,20 @@ function packCiphertexts(output: Uint8Array): Buffer {
 type Op = 'encrypt' | 'decrypt' | 'rewrap';
 
 /**
- * Milliseconds inside `run` over every chunk, one at a time; each output is dropped before the
- * next chunk, as a worker thread hands its result back. A chunk with a failed item is an error
- * (checked outside the clock): a kernel that fails fast must not read as a fast kernel.
+ * Milliseconds inside `run` over every chunk, one at a time, and in turning its records into
+ * result lines (the worker's part and the API's part of each item); each output is dropped
+ * before the next chunk, as a worker thread hands its result back. A chunk with a failed item
+ * is an error (checked outside the clock): a kernel that fails fast must not read as a fast kernel.
  */
-function timeChunks(chunks: readonly Buffer[], run: (chunk: Buffer, index: number) => KernelOutput): number {
+function timeChunks(chunks: readonly Buffer[], run: (chunk: Buffer) => KernelOutput): number {
   let ns = 0n;
   chunks.forEach((chunk, i) => {
     const start = process.hrtime.bigint();
-    const { failed } = run(chunk, i);
+    const output = run(chunk);
+    const stored = Buffer.from(output.buffer.buffer, output.buffer.byteOffset, output.buffer.byteLength);
+    for (const piece of resultLines(stored, i * CHUNK, 0, output.kernel === 'native' ? nativeKernel : undefined)) void piece;
     ns += process.hrtime.bigint() - start;
+    const { failed } = output;
     if (failed > 0) throw new Error(`bench: chunk ${i}: ${failed} items failed`);
   });
   return Number(ns) / 1e6;
@@ -88,9 +99,9 @@ export function kernelBench(n: number, limitSeconds: number): Row[] {
   const runs: Array<[KernelChoice, KeyRing]> = [...(nativeKernel ? [['native', ring] as [KernelChoice, KeyRing]] : []), ['js', ring], ['js', xchacha]];
   let nativeEncrypt: number | undefined;
   for (const [kernel, keys] of runs) {
-    const run = (op: Op) => (chunk: Buffer, i: number) => runChunkInto({ op, encoding: 'utf8', firstIndex: i * CHUNK, maxItemBytes: 65_536 }, chunk, keys, 0, kernel, nonces);
+    const run = (op: Op) => (chunk: Buffer) => runChunkInto({ op, encoding: 'utf8', maxItemBytes: 65_536 }, chunk, keys, 0, kernel, nonces);
     // Ciphertexts for decrypt and rewrap, made before and outside any clock.
-    const cts = plain.map((chunk, i) => packCiphertexts(run('encrypt')(chunk, i).buffer));
+    const cts = plain.map((chunk) => packCiphertexts(run('encrypt')(chunk)));
     const rates = (['encrypt', 'decrypt', 'rewrap'] as const).map((op) => {
       const input = op === 'encrypt' ? plain : cts;
       timeChunks(input.slice(0, 2), run(op)); // warm up

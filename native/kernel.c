@@ -1,10 +1,12 @@
 // keyfleet's batch crypto kernel: one N-API call per chunk over OpenSSL's EVP API (the
 // OpenSSL that Node itself ships and exports). The per-call cost of Node's cipher objects,
 // not AES, is the wall for small items; here one EVP context is reused for the whole chunk
-// and only the nonce is reset per item. Output is the chunk's NDJSON result lines, written
-// into a caller-provided buffer, byte for byte what the JavaScript kernel writes.
+// and only the nonce is reset per item. A chunk's output is its result records, written into
+// a caller-provided buffer, byte for byte what the JavaScript kernel writes; a sync request's
+// is the items of its JSON response. formatResults turns records into the NDJSON result lines.
 //
 // Input layout (shared/chunk-codec.ts): per item [u8 flag][u32le length][length bytes].
+// Result records (shared/result-codec.ts): per item [u8 kind][u32le length][payload].
 #define _GNU_SOURCE // SCHED_IDLE
 #define NAPI_VERSION 8
 #include <errno.h>
@@ -190,9 +192,8 @@ typedef struct {
 
 typedef struct {
   int op, base64_out, base64_in;
-  // sync: results as the items of a JSON array ({"ciphertext":…},) rather than NDJSON lines with "i".
-  int sync;
-  uint64_t first_index;
+  // json: results as the items of a JSON array ({"ciphertext":…},) for a sync response, rather than records.
+  int json;
   uint32_t max_item;
   uint32_t latest, min_dec;
   version_t *versions;
@@ -208,21 +209,59 @@ static const version_t *find_version(job_t *j, uint32_t v) {
   return NULL;
 }
 
-static void begin_line(job_t *j, out_t *o, uint64_t i) {
-  if (j->sync) { putc_(o, '{'); return; }
-  put(o, "{\"i\":", 5); put_uint(o, i); putc_(o, ',');
+// Result record kinds, as in shared/result-codec.ts.
+enum { R_CIPHERTEXT = 0, R_PLAINTEXT_UTF8 = 1, R_PLAINTEXT_BASE64 = 2, R_ERROR = 3 };
+
+static void put_u32le(out_t *o, uint32_t v) {
+  uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+  put(o, b, 4);
 }
-static void end_line(job_t *j, out_t *o) {
-  put(o, j->sync ? "}," : "}\n", 2);
+static void put_record(out_t *o, uint8_t kind, size_t len) {
+  putc_(o, kind);
+  put_u32le(o, (uint32_t)len);
 }
 
-static void fail_line(job_t *j, out_t *o, uint64_t i, int e) {
-  begin_line(j, o, i); put(o, "\"error\":", 8); put(o, error_json[e], error_len[e]); end_line(j, o);
+static void fail_item(job_t *j, out_t *o, int e) {
+  if (j->json) {
+    put(o, "{\"error\":", 9); put(o, error_json[e], error_len[e]); put(o, "},", 2);
+  } else {
+    put_record(o, R_ERROR, 1); putc_(o, (uint8_t)e);
+  }
   j->failed++;
 }
 
-// Seals under the latest version and writes `"kf:vN:<base64>"` (with quotes).
-static int seal(job_t *j, out_t *o, const uint8_t *pt, size_t n, uint8_t *buf) {
+// `"ciphertext":"kf:vN:<base64>"` without its braces: in a sync item and in a result line.
+static void put_ciphertext_field(out_t *o, uint32_t version, const uint8_t *sealed, size_t n) {
+  put(o, "\"ciphertext\":\"kf:v", 18); put_uint(o, version); putc_(o, ':');
+  put_base64(o, sealed, n);
+  putc_(o, '"');
+}
+
+// `"plaintext":"…"` without its braces: base64, or the UTF-8 text as a JSON string.
+static void put_plaintext_field(out_t *o, int base64, const uint8_t *pt, size_t n) {
+  put(o, "\"plaintext\":\"", 13);
+  if (base64) put_base64(o, pt, n); else put_json_string(o, pt, n);
+  putc_(o, '"');
+}
+
+static void put_ciphertext(job_t *j, out_t *o, const uint8_t *sealed, size_t n) {
+  if (j->json) {
+    putc_(o, '{'); put_ciphertext_field(o, j->latest, sealed, n); put(o, "},", 2);
+  } else {
+    put_record(o, R_CIPHERTEXT, 4 + n); put_u32le(o, j->latest); put(o, sealed, n);
+  }
+}
+
+static void put_plaintext(job_t *j, out_t *o, const uint8_t *pt, size_t n) {
+  if (j->json) {
+    putc_(o, '{'); put_plaintext_field(o, j->base64_out, pt, n); put(o, "},", 2);
+  } else {
+    put_record(o, j->base64_out ? R_PLAINTEXT_BASE64 : R_PLAINTEXT_UTF8, n); put(o, pt, n);
+  }
+}
+
+// Seals under the latest version into buf as nonce ‖ ciphertext ‖ tag; returns its length, or 0.
+static size_t seal(job_t *j, const uint8_t *pt, size_t n, uint8_t *buf) {
   const version_t *v = find_version(j, j->latest);
   if (!v) return 0;
   const uint8_t *nonce = next_nonce();
@@ -234,10 +273,7 @@ static int seal(job_t *j, out_t *o, const uint8_t *pt, size_t n, uint8_t *buf) {
   if (n && !EVP_EncryptUpdate(j->enc, buf + NONCE, &len, pt, (int)n)) return 0;
   if (!EVP_EncryptFinal_ex(j->enc, buf + NONCE + n, &len)) return 0;
   if (!EVP_CIPHER_CTX_ctrl(j->enc, EVP_CTRL_GCM_GET_TAG, TAG, buf + NONCE + n)) return 0;
-  put(o, "\"kf:v", 5); put_uint(o, j->latest); putc_(o, ':');
-  put_base64(o, buf, NONCE + n + TAG);
-  putc_(o, '"');
-  return 1;
+  return NONCE + n + TAG;
 }
 
 // Opens `kf:vN:<base64>` into j->scratch; returns plaintext length, or -1 - error index.
@@ -334,7 +370,7 @@ static napi_value set_errors(napi_env env, napi_callback_info info) {
 }
 
 // run(params, versions, input, output) → [bytesWritten, count, succeeded, failed, newerVersionSeen]
-// params: Uint32Array [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]
+// params: Uint32Array [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion]
 // versions: [{ version, key: Uint8Array(32), aad: Uint8Array }]
 static napi_value run(napi_env env, napi_callback_info info) {
   size_t argc = 4;
@@ -345,13 +381,13 @@ static napi_value run(napi_env env, napi_callback_info info) {
 
   job_t j;
   memset(&j, 0, sizeof j);
-  // Scalars travel as one Uint32Array (one N-API call instead of eight property reads).
+  // Scalars travel as one Uint32Array (one N-API call instead of seven property reads).
   uint32_t *params;
-  if (!typed_u32(env, argv[0], 8, &params))
-    return throw_msg(env, "run: params must be a Uint32Array of [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion]");
-  uint32_t op = params[0], b64 = params[1], b64in = params[2], sync = params[3], first = params[4], maxItem = params[5], latest = params[6], minDec = params[7];
+  if (!typed_u32(env, argv[0], 7, &params))
+    return throw_msg(env, "run: params must be a Uint32Array of [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion]");
+  uint32_t op = params[0], b64 = params[1], b64in = params[2], json = params[3], maxItem = params[4], latest = params[5], minDec = params[6];
   if (op > OP_REWRAP) return throw_msg(env, "run: unknown op");
-  j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.sync = (int)sync; j.first_index = first; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
+  j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.json = (int)json; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
 
   napi_value versions = argv[1];
   uint32_t nv;
@@ -426,37 +462,30 @@ static napi_value run(napi_env env, napi_callback_info info) {
     uint32_t len = (uint32_t)in[at + 1] | ((uint32_t)in[at + 2] << 8) | ((uint32_t)in[at + 3] << 16) | ((uint32_t)in[at + 4] << 24);
     const uint8_t *item = in + at + 5;
     at += 5 + (size_t)len;
-    uint64_t i = j.first_index + n;
-    if (flag != ITEM_OK) { fail_line(&j, &o, i, flag == ITEM_NOT_STRING ? E_INVALID_ITEM : E_ITEM_TOO_LARGE); continue; }
-    if (len > j.max_item) { fail_line(&j, &o, i, E_ITEM_TOO_LARGE); continue; }
+    if (flag != ITEM_OK) { fail_item(&j, &o, flag == ITEM_NOT_STRING ? E_INVALID_ITEM : E_ITEM_TOO_LARGE); continue; }
+    if (len > j.max_item) { fail_item(&j, &o, E_ITEM_TOO_LARGE); continue; }
     if (j.op == OP_ENCRYPT) {
       if (j.base64_in) {
         long plain = decode_base64(item, len, j.scratch);
-        if (plain < 0) { fail_line(&j, &o, i, E_INVALID_ENCODING); continue; }
+        if (plain < 0) { fail_item(&j, &o, E_INVALID_ENCODING); continue; }
         item = j.scratch;
         len = (uint32_t)plain;
       }
-      begin_line(&j, &o, i); put(&o, "\"ciphertext\":", 13);
-      if (!seal(&j, &o, item, len, sealbuf)) { ok = 0; break; }
-      end_line(&j, &o);
+      size_t sealed = seal(&j, item, len, sealbuf);
+      if (!sealed) { ok = 0; break; }
+      put_ciphertext(&j, &o, sealbuf, sealed);
       j.succeeded++;
       continue;
     }
     long pt = open_item(&j, item, len);
-    if (pt < 0) { fail_line(&j, &o, i, (int)(-1 - pt)); continue; }
+    if (pt < 0) { fail_item(&j, &o, (int)(-1 - pt)); continue; }
     if (j.op == OP_REWRAP) {
-      begin_line(&j, &o, i); put(&o, "\"ciphertext\":", 13);
-      if (!seal(&j, &o, j.scratch, (size_t)pt, sealbuf)) { ok = 0; break; }
-      end_line(&j, &o);
-    } else if (j.base64_out) {
-      begin_line(&j, &o, i); put(&o, "\"plaintext\":\"", 13);
-      put_base64(&o, j.scratch, (size_t)pt);
-      putc_(&o, '"'); end_line(&j, &o);
+      size_t sealed = seal(&j, j.scratch, (size_t)pt, sealbuf);
+      if (!sealed) { ok = 0; break; }
+      put_ciphertext(&j, &o, sealbuf, sealed);
     } else {
-      if (!valid_utf8(j.scratch, (size_t)pt)) { fail_line(&j, &o, i, E_NOT_UTF8); continue; }
-      begin_line(&j, &o, i); put(&o, "\"plaintext\":\"", 13);
-      put_json_string(&o, j.scratch, (size_t)pt);
-      putc_(&o, '"'); end_line(&j, &o);
+      if (!j.base64_out && !valid_utf8(j.scratch, (size_t)pt)) { fail_item(&j, &o, E_NOT_UTF8); continue; }
+      put_plaintext(&j, &o, j.scratch, (size_t)pt);
     }
     j.succeeded++;
   }
@@ -475,6 +504,64 @@ static napi_value run(napi_env env, napi_callback_info info) {
   CHECK(napi_create_uint32(env, j.failed, &v)); CHECK(napi_set_element(env, result, 3, v));
   CHECK(napi_get_boolean(env, j.newer, &v)); CHECK(napi_set_element(env, result, 4, v));
   return result;
+}
+
+// ---- result lines ----------------------------------------------------------------------
+
+// formatResults(records, out, state): state is a Uint32Array [at, index, written]. Turns the
+// records from byte `at` on into NDJSON result lines numbered from `index`, written to out from
+// 0, for as long as the next line surely fits; then at = the next record, index = its number,
+// written = the bytes written. A record no line of which fits in an empty out is left for the
+// caller to retry with a bigger one (it needs at most 48 + the longest error + 6 × its length).
+static napi_value format_results(napi_env env, napi_callback_info info) {
+  size_t argc = 3;
+  napi_value argv[3];
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  uint8_t *in, *outp;
+  size_t in_len, out_len;
+  uint32_t *st;
+  if (argc != 3 || !typed_u8(env, argv[0], &in, &in_len) || !typed_u8(env, argv[1], &outp, &out_len)) return throw_msg(env, "formatResults(records, out, state): records and out must be Uint8Arrays");
+  if (!typed_u32(env, argv[2], 3, &st)) return throw_msg(env, "formatResults: state must be a Uint32Array(3)");
+  if (!error_json[0]) return throw_msg(env, "setErrors must be called first");
+  size_t longest_error = 0;
+  for (int e = 0; e < E_COUNT; e++) if (error_len[e] > longest_error) longest_error = error_len[e];
+  size_t at = st[0];
+  uint32_t index = st[1];
+  if (at > in_len) return throw_msg(env, "formatResults: at out of bounds");
+  out_t o = {outp, 0, out_len, 0};
+  while (at < in_len) {
+    if (in_len - at < 5) return throw_msg(env, "corrupt results: record header truncated");
+    uint8_t kind = in[at];
+    uint32_t len = (uint32_t)in[at + 1] | ((uint32_t)in[at + 2] << 8) | ((uint32_t)in[at + 3] << 16) | ((uint32_t)in[at + 4] << 24);
+    if (len > in_len - at - 5) return throw_msg(env, "corrupt results: record truncated");
+    if (48 + longest_error + 6 * (size_t)len > out_len - o.at) break;
+    const uint8_t *p = in + at + 5;
+    put(&o, "{\"i\":", 5); put_uint(&o, index); putc_(&o, ',');
+    switch (kind) {
+      case R_CIPHERTEXT:
+        if (len < 4) return throw_msg(env, "corrupt results: ciphertext record too short");
+        put_ciphertext_field(&o, (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24), p + 4, len - 4);
+        break;
+      case R_PLAINTEXT_UTF8:
+      case R_PLAINTEXT_BASE64:
+        put_plaintext_field(&o, kind == R_PLAINTEXT_BASE64, p, len);
+        break;
+      case R_ERROR:
+        if (len != 1 || p[0] >= E_COUNT) return throw_msg(env, "corrupt results: unknown error record");
+        put(&o, "\"error\":", 8); put(&o, error_json[p[0]], error_len[p[0]]);
+        break;
+      default:
+        return throw_msg(env, "corrupt results: unknown record kind");
+    }
+    put(&o, "}\n", 2);
+    at += 5 + (size_t)len;
+    index++;
+  }
+  if (o.overflow) return throw_msg(env, "formatResults: output buffer too small"); // the bound above rules it out
+  st[0] = (uint32_t)at;
+  st[1] = index;
+  st[2] = (uint32_t)o.at;
+  return NULL;
 }
 
 // ---- NDJSON upload packing -------------------------------------------------------------
@@ -576,6 +663,7 @@ NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
   napi_property_descriptor props[] = {
     {"setErrors", NULL, set_errors, NULL, NULL, NULL, napi_default, NULL},
     {"run", NULL, run, NULL, NULL, NULL, napi_default, NULL},
+    {"formatResults", NULL, format_results, NULL, NULL, NULL, napi_default, NULL},
     {"packLines", NULL, pack_lines_js, NULL, NULL, NULL, napi_default, NULL},
     {"setIdleScheduling", NULL, set_idle_scheduling, NULL, NULL, NULL, napi_default, NULL},
   };

@@ -67,7 +67,7 @@ function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: Key
     packed.writeUInt32LE(length, at + 1);
     at += 5 + packed.write(item, at + 5, 'utf8');
   }
-  const job = nativeJob({ op, encoding, firstIndex: 0, maxItemBytes }, ring, true);
+  const job = nativeJob({ op, encoding, maxItemBytes }, ring, true);
   const out = (outScratch = grown(outScratch, outputBound(op, items.length, at)));
   const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job.params, job.versions, packed.subarray(0, at), out);
   // The kernel ends every result with a comma; the last one gives way to the closing bracket.

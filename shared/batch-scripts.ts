@@ -6,7 +6,7 @@ import type { Redis } from './redis.js';
 // batch's meta key), the name keeps that prefix. Progress is accounted only here; the `done`
 // bitmap makes a chunk count once.
 //
-// Chunk payloads (inputs, result lines: up to megabytes) never pass through Lua: copying a
+// Chunk payloads (inputs, results: up to megabytes) never pass through Lua: copying a
 // large argument into the Lua VM costs Redis more CPU than storing it (bench: "Redis CPU per
 // million items"). They are written with a plain SET beside the script and moved by RENAME.
 
@@ -33,7 +33,7 @@ return 1`;
 
 /**
  * KEYS meta, input, result, done, backlog, staged · ARGV chunk, count, succeeded, failed, ttl,
- * now, channel. The run's result lines were SET at `staged` just before; the first run of a
+ * now, channel. The run's results were SET at `staged` just before; the first run of a
  * chunk renames them into place, any other run's are dropped.
  */
 const COMPLETE_CHUNK = `

@@ -152,20 +152,20 @@ export class BatchStore {
     return sealed && this.#sealer.open('batch', id, `in:${chunk}`, sealed);
   }
 
-  /** The chunk's NDJSON result lines, opened; null when deleted or expired. */
+  /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */
   async readResults(id: string, chunk: number): Promise<Buffer | null> {
     const sealed = await this.#redis.getBuffer(this.#keys.batchResult(id, chunk));
     return sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed);
   }
 
-  async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; lines: Buffer }): Promise<ChunkCompletion> {
+  async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; results: Buffer }): Promise<ChunkCompletion> {
     const k = this.#keys;
-    // Each run stages its lines under its own name; the script keeps the first run's.
+    // Each run stages its results under its own name; the script keeps the first run's.
     const staged = k.batchStaged(id, chunk, randomBytes(6).toString('hex'));
     const result = await pipelined(
       this.#redis
         .pipeline()
-        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.lines), 'EX', this.#ttl)
+        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.results), 'EX', this.#ttl)
         .kfChunkComplete(k.batch(id), k.batchInput(id, chunk), k.batchResult(id, chunk), k.batchDone(id), k.backlogItems(), staged,
           chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id)),
     );

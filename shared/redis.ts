@@ -65,12 +65,12 @@ export class RedisKeys {
     return `${this.batch(id)}:in:${chunk}`;
   }
 
-  /** A chunk's NDJSON result lines (sealed). The cancel script builds this name from batch(id). */
+  /** A chunk's results (sealed records, shared/result-codec.ts). The cancel script builds this name from batch(id). */
   batchResult(id: string, chunk: number): string {
     return `${this.batch(id)}:out:${chunk}`;
   }
 
-  /** One run's result lines, written before the completion script keeps or drops them. */
+  /** One run's results, written before the completion script keeps or drops them. */
   batchStaged(id: string, chunk: number, run: string): string {
     return `${this.prefix}:batch:${id}:out:${chunk}:${run}`;
   }

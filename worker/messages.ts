@@ -17,7 +17,8 @@ export interface ThreadTask {
 
 /**
  * What a thread answers: one transferable buffer, a 13-byte header
- * [u32le count][u32le succeeded][u32le failed][u8 newerVersionSeen] then the NDJSON lines.
+ * [u32le count][u32le succeeded][u32le failed][u8 newerVersionSeen] then the result records
+ * (shared/result-codec.ts).
  */
 export const RESULT_HEADER_BYTES = 13;
 
@@ -30,7 +31,7 @@ export function writeResultHeader(result: Uint8Array, count: number, succeeded: 
 }
 
 export interface DecodedResult {
-  readonly lines: Buffer;
+  readonly results: Buffer;
   readonly count: number;
   readonly succeeded: number;
   readonly failed: number;
@@ -44,6 +45,6 @@ export function decodeResult(result: Uint8Array): DecodedResult {
     succeeded: buf.readUInt32LE(4),
     failed: buf.readUInt32LE(8),
     newerVersionSeen: buf[12] === 1,
-    lines: buf.subarray(RESULT_HEADER_BYTES),
+    results: buf.subarray(RESULT_HEADER_BYTES),
   };
 }

@@ -49,7 +49,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       return { chunk: data.chunk, count: 0, completion: 'input-gone' };
     }
 
-    const spec: ChunkJob = { op: data.op, encoding: data.encoding, firstIndex: data.firstIndex, maxItemBytes, ...(data.context !== undefined ? { context: data.context } : {}) };
+    const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(data.context !== undefined ? { context: data.context } : {}) };
     // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
     // a rewrap with targetKey opens with the source key and seals under the target's.
     let ring = data.op === 'decrypt' || data.targetKey ? await ringFor(keyCache, data) : await sealingRing(keyPolicy, data, data.key);

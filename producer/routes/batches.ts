@@ -5,7 +5,9 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel } from '../../shared/crypto/kernel.js';
+import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
+import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
@@ -23,6 +25,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const tags = ['batches'];
   // KEYFLEET_KERNEL=js keeps the addon out of uploads too.
   const packNatively = resolveKernel(app.keyfleet.kernel) === 'native';
+  const formatter = packNatively ? nativeKernel : undefined;
 
   // Uploads are streamed into chunks by the route itself: hand it the raw body, unread. Only
   // JSON and NDJSON are uploads; any other type (text/plain included) is a 415.
@@ -80,7 +83,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
     }
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(resultChunks(batches, batch, request.query.from), { objectMode: false }));
+    return reply.send(Readable.from(resultChunks(batches, batch, request.query.from, formatter), { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
@@ -126,20 +129,20 @@ async function* hashing(body: AsyncIterable<Buffer>, hash: Hash): AsyncGenerator
 
 /**
  * Result lines chunk by chunk in input order from item `from` on, reading the next chunk while
- * the current one is sent. Every chunk but the last holds `chunkItems` lines.
+ * the current one is formatted and sent. Every chunk but the last holds `chunkItems` items.
  */
-async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: number): AsyncGenerator<Buffer> {
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: number, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks, chunkItems } = batch;
   if (from >= batch.total) return;
   const first = chunkItems > 0 ? Math.floor(from / chunkItems) : 0;
   let skip = chunkItems > 0 ? from - first * chunkItems : from;
   let next = first < chunks ? batches.readResults(id, first) : undefined;
   for (let chunk = first; chunk < chunks; chunk++) {
-    let current = await next!;
+    const current = await next!;
     next = chunk + 1 < chunks ? batches.readResults(id, chunk + 1) : undefined;
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
-    for (; skip > 0; skip--) current = current.subarray(current.indexOf(0x0a) + 1);
-    yield current;
+    yield* resultLines(current, chunk * chunkItems, skip, formatter);
+    skip = 0;
   }
 }
 

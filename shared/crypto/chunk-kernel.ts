@@ -1,15 +1,15 @@
+import { isUtf8 } from 'node:buffer';
 import { forEachItem, ITEM_NOT_STRING, ITEM_OK } from '../chunk-codec.js';
-import { CATALOGUE, type ErrorCode } from '../errors.js';
+import type { ErrorCode } from '../errors.js';
+import { RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, ResultWriter } from '../result-codec.js';
 import type { BatchOp } from '../schemas.js';
-import { itemLimit, openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from './items.js';
+import { itemLimit, openItem, plaintextBytes, sealItemBytes, type Encoding } from './items.js';
 import type { KeyRing } from './key-ring.js';
 import { NonceSource } from './nonces.js';
 
 export interface ChunkJob {
   readonly op: BatchOp;
   readonly encoding: Encoding;
-  /** Index of the chunk's first item within its batch; result lines carry absolute indices. */
-  readonly firstIndex: number;
   /** The plaintext limit (MAX_ITEM_BYTES); inputs may be as large as a ciphertext of such a plaintext. */
   readonly maxItemBytes: number;
   /** Bound into every item's associated data (UTF-8). */
@@ -17,8 +17,8 @@ export interface ChunkJob {
 }
 
 export interface ChunkOutcome {
-  /** NDJSON result lines in input order, ready to be streamed to the caller as they are. */
-  readonly lines: string;
+  /** The result records in input order (shared/result-codec.ts), a view of the writer's buffer. */
+  readonly records: Buffer;
   readonly count: number;
   readonly succeeded: number;
   readonly failed: number;
@@ -26,35 +26,30 @@ export interface ChunkOutcome {
   readonly newerVersionSeen: boolean;
 }
 
-const errorJson = Object.fromEntries(
-  Object.entries(CATALOGUE).map(([code, { message }]) => [code, JSON.stringify({ code, message })]),
-) as Record<ErrorCode, string>;
-
 /**
- * Runs one chunk: decodes the packed items, does the crypto and formats the result lines.
- * Runs inside a worker thread; plain loops over buffers, one output string per chunk.
+ * Runs one chunk: decodes the packed items, does the crypto and writes the result records.
+ * Runs inside a worker thread; plain loops over buffers, one output buffer per chunk.
  */
 export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: NonceSource = new NonceSource(), target: KeyRing = ring): ChunkOutcome {
   const context = job.context === undefined ? undefined : Buffer.from(job.context, 'utf8');
-  let out = '';
+  const out = new ResultWriter();
   let succeeded = 0;
   let failed = 0;
   let newerVersionSeen = false;
-  const fail = (i: number, code: ErrorCode): void => {
-    out += `{"i":${i},"error":${errorJson[code]}}\n`;
+  const fail = (code: ErrorCode): void => {
+    out.error(code);
     failed++;
   };
 
   const limit = itemLimit(job.op, job.encoding, job.maxItemBytes);
-  const count = forEachItem(packed, (flag, bytes, index) => {
-    const i = job.firstIndex + index;
-    if (flag !== ITEM_OK) return fail(i, flag === ITEM_NOT_STRING ? 'KF_INVALID_ITEM' : 'KF_ITEM_TOO_LARGE');
-    if (bytes.length > limit) return fail(i, 'KF_ITEM_TOO_LARGE');
+  const count = forEachItem(packed, (flag, bytes) => {
+    if (flag !== ITEM_OK) return fail(flag === ITEM_NOT_STRING ? 'KF_INVALID_ITEM' : 'KF_ITEM_TOO_LARGE');
+    if (bytes.length > limit) return fail('KF_ITEM_TOO_LARGE');
 
     if (job.op === 'encrypt') {
       const plaintext = job.encoding === 'utf8' ? bytes : plaintextBytes(bytes.toString('latin1'), 'base64');
-      if (!plaintext) return fail(i, 'KF_INVALID_ENCODING');
-      out += `{"i":${i},"ciphertext":"${sealItem(ring, plaintext, nonces, context)}"}\n`;
+      if (!plaintext) return fail('KF_INVALID_ENCODING');
+      out.ciphertext(ring.latestVersion, sealItemBytes(ring, plaintext, nonces, context));
       succeeded++;
       return;
     }
@@ -62,18 +57,19 @@ export function runChunk(job: ChunkJob, packed: Buffer, ring: KeyRing, nonces: N
     const opened = openItem(ring, bytes.toString('latin1'), context);
     if (opened.code) {
       if (opened.newerVersion) newerVersionSeen = true;
-      return fail(i, opened.code);
+      return fail(opened.code);
     }
     if (job.op === 'rewrap') {
       // Rewrap: into the latest version of the same key, or of the target key (migration).
-      out += `{"i":${i},"ciphertext":"${sealItem(target, opened.plaintext, nonces, context)}"}\n`;
+      out.ciphertext(target.latestVersion, sealItemBytes(target, opened.plaintext, nonces, context));
+    } else if (job.encoding === 'base64') {
+      out.plaintext(opened.plaintext, RECORD_PLAINTEXT_BASE64);
     } else {
-      const text = plaintextText(opened.plaintext, job.encoding);
-      if (text === undefined) return fail(i, 'KF_NOT_UTF8');
-      out += `{"i":${i},"plaintext":${JSON.stringify(text)}}\n`;
+      if (!isUtf8(opened.plaintext)) return fail('KF_NOT_UTF8');
+      out.plaintext(opened.plaintext, RECORD_PLAINTEXT_UTF8);
     }
     succeeded++;
   });
 
-  return { lines: out, count, succeeded, failed, newerVersionSeen };
+  return { records: out.bytes, count, succeeded, failed, newerVersionSeen };
 }

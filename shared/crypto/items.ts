@@ -50,11 +50,16 @@ const SUITES = {
  * the nonce derived from context and plaintext. The context, if any, joins the associated data.
  */
 export function sealItem(ring: KeyRing, plaintext: Buffer, nonces: NonceSource, context?: Buffer): string {
+  return formatCiphertext(ring.latestVersion, sealItemBytes(ring, plaintext, nonces, context));
+}
+
+/** `sealItem`'s nonce ‖ ciphertext ‖ tag, before the text format (the version is the ring's latest). */
+export function sealItemBytes(ring: KeyRing, plaintext: Buffer, nonces: NonceSource, context?: Buffer): Buffer {
   if (ring.type === 'legacy-aes256-cbc') throw new Error(`key ${ring.name}: legacy keys do not encrypt`);
   const suite = SUITES[ring.type];
   const v = ring.latest;
   const nonce = ring.convergent ? convergentNonce(v.nonceKey, context ?? EMPTY, plaintext, suite.nonceBytes) : nonces.next(suite.nonceBytes);
-  return formatCiphertext(ring.latestVersion, suite.seal(v, nonce, context ? associatedData(ring.name, v.version, context) : v.aad, plaintext));
+  return suite.seal(v, nonce, context ? associatedData(ring.name, v.version, context) : v.aad, plaintext);
 }
 
 export type OpenOutcome =

@@ -1,4 +1,5 @@
 import { CATALOGUE } from '../errors.js';
+import { RESULTS_FORMAT } from '../result-codec.js';
 import { runChunk, type ChunkJob } from './chunk-kernel.js';
 import { itemLimit } from './items.js';
 import type { KeyRing } from './key-ring.js';
@@ -8,7 +9,7 @@ import type { NonceSource } from './nonces.js';
 export type KernelChoice = 'auto' | 'native' | 'js';
 
 export interface KernelOutput {
-  /** `reserve` bytes left free at the front, then the result text. Its own ArrayBuffer: transferable. */
+  /** `reserve` bytes left free at the front, then the result records. Its own ArrayBuffer: transferable. */
   readonly buffer: Uint8Array;
   readonly count: number;
   readonly succeeded: number;
@@ -27,50 +28,58 @@ export function resolveKernel(choice: KernelChoice): 'native' | 'js' {
 }
 
 /**
- * An upper bound on the output of one chunk: a line per item (index, field names, error JSON)
- * plus the payload expanded by base64 (4/3) or, for plaintexts, by JSON escaping (at most 6×).
+ * An upper bound on a sync response's items: each item's JSON (field names, error JSON) plus
+ * the payload expanded by base64 (4/3) or, for plaintexts, by JSON escaping (at most 6×).
  */
 export function outputBound(op: ChunkJob['op'], items: number, inputBytes: number): number {
   const perItem = 48 + LONGEST_ERROR;
   return items * perItem + (op === 'decrypt' ? 5 * inputBytes : Math.ceil((inputBytes + 28 * items) * 4 / 3) + 4 * items);
 }
 
-const PARAMS = new Uint32Array(new ArrayBuffer(32));
+/**
+ * An upper bound on a chunk's result records (the native kernel's, AES-GCM): a 5-byte header
+ * and a version per item, nonce and tag added to a plaintext; a plaintext, decoded or
+ * re-sealed item is never longer than its input.
+ */
+export function recordsBound(items: number, inputBytes: number): number {
+  return items * (9 + 12 + 16) + inputBytes;
+}
 
-export function nativeJob(job: ChunkJob, ring: KeyRing, sync: boolean): NativeJob {
+const PARAMS = new Uint32Array(new ArrayBuffer(28));
+
+export function nativeJob(job: ChunkJob, ring: KeyRing, json: boolean): NativeJob {
   // One params array per thread, reused: calls are synchronous, and a fresh small typed array
   // would have to be externalised by V8 for N-API on every call.
   const params = PARAMS;
   params[0] = OPS[job.op];
   params[1] = job.op === 'decrypt' && job.encoding === 'base64' ? 1 : 0;
   params[2] = job.op === 'encrypt' && job.encoding === 'base64' ? 1 : 0;
-  params[3] = sync ? 1 : 0;
-  params[4] = job.firstIndex;
-  params[5] = itemLimit(job.op, job.encoding, job.maxItemBytes);
-  params[6] = ring.latestVersion;
-  params[7] = ring.minDecryptionVersion;
+  params[3] = json ? 1 : 0;
+  params[4] = itemLimit(job.op, job.encoding, job.maxItemBytes);
+  params[5] = ring.latestVersion;
+  params[6] = ring.minDecryptionVersion;
   return { params, versions: ring.nativeVersions() };
 }
 
 /**
  * Runs one chunk with the native kernel where it is built, else with the node:crypto one.
- * Both write the same NDJSON lines, and each decrypts what the other encrypts.
+ * Both write the same result records (the format byte first), and each decrypts what the other encrypts.
  */
 export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, reserve: number, choice: KernelChoice, nonces: NonceSource, target?: KeyRing): KernelOutput {
   // The native kernel does random-nonce AES-GCM of one key without context; anything else
   // (XChaCha20, convergent, legacy CBC, context, rewrap into another key) is node:crypto/libsodium.
   if (resolveKernel(choice) === 'native' && ring.nativeCapable && job.context === undefined && !target) {
     const items = countItems(packed);
-    const out = new Uint8Array(new ArrayBuffer(reserve + outputBound(job.op, items, packed.length)));
+    const out = new Uint8Array(new ArrayBuffer(reserve + recordsBound(items, packed.length)));
+    out[reserve] = RESULTS_FORMAT;
     const { params, versions } = nativeJob(job, ring, false);
-    const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(params, versions, packed, out.subarray(reserve));
-    return { buffer: out.subarray(0, reserve + written), count, succeeded, failed, newerVersionSeen, kernel: 'native' };
+    const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(params, versions, packed, out.subarray(reserve + 1));
+    return { buffer: out.subarray(0, reserve + 1 + written), count, succeeded, failed, newerVersionSeen, kernel: 'native' };
   }
   const input = Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength);
   const result = runChunk(job, input, ring, nonces, target);
-  const bytes = Buffer.byteLength(result.lines, 'utf8');
-  const out = Buffer.from(new ArrayBuffer(reserve + bytes));
-  out.write(result.lines, reserve, 'utf8');
+  const out = Buffer.from(new ArrayBuffer(reserve + result.records.length));
+  result.records.copy(out, reserve);
   return { buffer: out, count: result.count, succeeded: result.succeeded, failed: result.failed, newerVersionSeen: result.newerVersionSeen, kernel: 'js' };
 }
 

@@ -1,12 +1,13 @@
 import { createRequire } from 'node:module';
-import { CATALOGUE, type ErrorCode } from '../errors.js';
+import { CATALOGUE } from '../errors.js';
 import { projectRoot } from '../project-root.js';
+import { RESULT_ERRORS, type NativeFormatter } from '../result-codec.js';
 import type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 
 export type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 
 /** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
-interface NativeAddon {
+interface NativeAddon extends NativeFormatter {
   setErrors(errors: string[]): void;
   run(params: Uint32Array, versions: readonly NativeVersion[], input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
   /**
@@ -20,14 +21,11 @@ interface NativeAddon {
   setIdleScheduling(thread: number): number;
 }
 
-/** A call's scalars, [op, base64Out, base64In, sync, firstIndex, maxItemBytes, latest, minDecryptionVersion], and the key versions. */
+/** A call's scalars, [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion], and the key versions. */
 export interface NativeJob {
   readonly params: Uint32Array;
   readonly versions: readonly NativeVersion[];
 }
-
-// The order the addon indexes its error table by.
-const ERROR_ORDER: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
 
 function load(): { addon?: NativeAddon; reason?: string } {
   const root = projectRoot();
@@ -36,7 +34,7 @@ function load(): { addon?: NativeAddon; reason?: string } {
     // node-gyp-build finds build/Release (or a prebuild) the way native packages do.
     const nodeGypBuild = createRequire(import.meta.url)('node-gyp-build') as (dir: string) => NativeAddon;
     const addon = nodeGypBuild(root);
-    addon.setErrors(ERROR_ORDER.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message })));
+    addon.setErrors(RESULT_ERRORS.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message })));
     return { addon };
   } catch (err) {
     return { reason: (err as Error).message.split('\n')[0] };

@@ -22,7 +22,7 @@ afterAll(async () => {
   await Promise.all([redis.quit(), subscriber.quit()]);
 });
 
-const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, lines: Buffer.from(lines) });
+const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, results: Buffer.from(lines) });
 
 async function batchWithChunks(n: number): Promise<string> {
   const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);

@@ -6,6 +6,7 @@ import { runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
+import { resultLines } from '../../shared/result-codec.js';
 
 const ring = new KeyRing({
   name: 'kernels',
@@ -28,10 +29,17 @@ function pack(items: Array<string | Buffer | typeof ITEM_NOT_STRING | typeof ITE
   return packer.take();
 }
 
+/** The result lines of stored records, from the native formatter or the JavaScript one. */
+const format = (stored: Uint8Array, formatter: KernelChoice, firstIndex = 0, skip = 0, pieceBytes?: number): Buffer =>
+  Buffer.concat([...resultLines(Buffer.from(stored), firstIndex, skip, formatter === 'native' ? nativeKernel : undefined, pieceBytes)]);
+
 function run(kernel: KernelChoice, op: ChunkJob['op'], items: Parameters<typeof pack>[0], encoding: 'utf8' | 'base64' = 'utf8', firstIndex = 0) {
-  const out = runChunkInto({ op, encoding, firstIndex, maxItemBytes: 1024 }, pack(items), ring, 0, kernel, nonces);
-  const lines = Buffer.from(out.buffer).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
-  return { ...out, lines };
+  const out = runChunkInto({ op, encoding, maxItemBytes: 1024 }, pack(items), ring, 0, kernel, nonces);
+  const text = format(out.buffer, kernel, firstIndex);
+  // Whichever kernel wrote the records, both formatters read them into the same bytes.
+  expect(format(out.buffer, kernel === 'native' ? 'js' : 'native', firstIndex).equals(text)).toBe(true);
+  const lines = text.toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  return { ...out, text, lines };
 }
 
 const samples = ['LIC-0001', '', 'ünïcødé ✓ 𝄞', 'quote " backslash \\ tab \t newline \n nul \u0000 del \u007f', 'x'.repeat(1024)];
@@ -50,8 +58,10 @@ describe('the native kernel', () => {
       for (const ct of cts) expect(ct).toMatch(/^kf:v2:[A-Za-z0-9+/]+=*$/);
       const opened = run(to, 'decrypt', cts);
       expect(opened.lines.map((l) => l.plaintext)).toEqual(samples);
-      // Same input, same output bytes, whichever kernel wrote them.
-      expect(Buffer.from(run(from, 'decrypt', cts).buffer).equals(Buffer.from(opened.buffer))).toBe(true);
+      // Same input, same records and lines, whichever kernel wrote them.
+      const again = run(from, 'decrypt', cts);
+      expect(Buffer.from(again.buffer).equals(Buffer.from(opened.buffer))).toBe(true);
+      expect(again.text.equals(opened.text)).toBe(true);
       const rewrapped = run(to, 'rewrap', cts);
       expect(run(from, 'decrypt', rewrapped.lines.map((l) => l.ciphertext)).lines.map((l) => l.plaintext)).toEqual(samples);
     });
@@ -109,8 +119,8 @@ describe('the native kernel', () => {
       const truncated = valid.subarray(0, cut);
       let jsError: unknown;
       let nativeError: unknown;
-      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1024 }, truncated, ring, 0, 'js', nonces); } catch (e) { jsError = e; }
-      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1024 }, truncated, ring, 0, 'native', nonces); } catch (e) { nativeError = e; }
+      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', maxItemBytes: 1024 }, truncated, ring, 0, 'js', nonces); } catch (e) { jsError = e; }
+      try { runChunkInto({ op: 'encrypt', encoding: 'utf8', maxItemBytes: 1024 }, truncated, ring, 0, 'native', nonces); } catch (e) { nativeError = e; }
       expect(Boolean(nativeError), `cut at ${cut}`).toBe(Boolean(jsError));
     }
     // Random ciphertext-shaped garbage of every length: every item fails alone, uniformly.
@@ -122,7 +132,7 @@ describe('the native kernel', () => {
     for (let n = 0; n < 300; n++) {
       const junk = randomBytes(n);
       try {
-        const r = runChunkInto({ op: 'decrypt', encoding: 'utf8', firstIndex: 0, maxItemBytes: 1 << 20 }, junk, ring, 0, 'native', nonces);
+        const r = runChunkInto({ op: 'decrypt', encoding: 'utf8', maxItemBytes: 1 << 20 }, junk, ring, 0, 'native', nonces);
         expect(r.succeeded).toBe(0);
         expect(r.failed).toBe(r.count);
       } catch (err) {

@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { ChunkPacker } from '../../shared/chunk-codec.js';
 import { gcmOpen, gcmSeal } from '../../shared/crypto/aes-gcm.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
+import { RESULTS_FORMAT, resultLines } from '../../shared/result-codec.js';
 
 // Project Wycheproof AES-GCM vectors (Apache-2.0, test/fixtures/wycheproof/LICENSE): the groups
 // keyfleet uses, 256-bit keys, 96-bit nonces, 128-bit tags.
@@ -41,9 +42,11 @@ describe('AES-256-GCM against the Wycheproof vectors', () => {
       packer.add(Buffer.from(`kf:v1:${Buffer.concat([hex(v.iv), hex(v.ct), hex(v.tag)]).toString('base64')}`));
       const input = packer.take();
       const out = Buffer.alloc(4096);
-      const params = new Uint32Array([1, 1, 0, 0, 0, 1 << 20, 1, 1]); // decrypt, base64 out
-      const [written, count, succeeded] = nativeKernel!.run(params, [{ version: 1, key: hex(v.key), aad: hex(v.aad) }], input, out);
-      const line = JSON.parse(out.subarray(0, written).toString()) as { plaintext?: string; error?: { code: string } };
+      out[0] = RESULTS_FORMAT;
+      const params = new Uint32Array([1, 1, 0, 0, 1 << 20, 1, 1]); // decrypt, base64 out, records
+      const [written, count, succeeded] = nativeKernel!.run(params, [{ version: 1, key: hex(v.key), aad: hex(v.aad) }], input, out.subarray(1));
+      const [text] = resultLines(out.subarray(0, 1 + written), 0, 0, nativeKernel);
+      const line = JSON.parse(text!.toString()) as { plaintext?: string; error?: { code: string } };
       expect(count).toBe(1);
       if (v.result === 'invalid') {
         expect(succeeded, `tcId ${v.tcId}`).toBe(0);
