@@ -13,6 +13,7 @@
 #include <node_api.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -350,22 +351,31 @@ static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **
 }
 
 // setErrors([json of KF_INVALID_ITEM, KF_ITEM_TOO_LARGE, KF_DECRYPT_FAILED, KF_KEY_VERSION_DISABLED, KF_NOT_UTF8, KF_INVALID_ENCODING])
+// The table is process-wide and every thread that loads the addon calls this: the first call
+// fills it, under a lock, and later ones leave it be (the catalogue does not change), so no
+// thread frees a string another may be writing out.
+static pthread_mutex_t errors_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static napi_value set_errors(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value argv[2];
   CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
-  for (uint32_t i = 0; i < E_COUNT; i++) {
+  pthread_mutex_lock(&errors_lock);
+  for (uint32_t i = 0; i < E_COUNT && !error_json[E_COUNT - 1]; i++) {
     napi_value s;
     size_t len;
-    CHECK(napi_get_element(env, argv[0], i, &s));
-    CHECK(napi_get_value_string_utf8(env, s, NULL, 0, &len));
-    char *copy = malloc(len + 1);
-    if (!copy) return throw_msg(env, "out of memory");
-    CHECK(napi_get_value_string_utf8(env, s, copy, len + 1, &len));
-    free(error_json[i]);
+    char *copy = NULL;
+    if (napi_get_element(env, argv[0], i, &s) != napi_ok || napi_get_value_string_utf8(env, s, NULL, 0, &len) != napi_ok ||
+        !(copy = malloc(len + 1)) || napi_get_value_string_utf8(env, s, copy, len + 1, &len) != napi_ok) {
+      free(copy);
+      pthread_mutex_unlock(&errors_lock);
+      return throw_msg(env, "setErrors: expected an array of strings");
+    }
+    free(error_json[i]); // only a partly filled table from a failed call
     error_json[i] = copy;
     error_len[i] = len;
   }
+  pthread_mutex_unlock(&errors_lock);
   return NULL;
 }
 
@@ -377,7 +387,7 @@ static napi_value run(napi_env env, napi_callback_info info) {
   napi_value argv[4];
   CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   if (argc != 4) return throw_msg(env, "run(params, versions, input, output): expected 4 arguments");
-  if (!error_json[0]) return throw_msg(env, "setErrors must be called first");
+  if (!error_json[E_COUNT - 1]) return throw_msg(env, "setErrors must be called first");
 
   job_t j;
   memset(&j, 0, sizeof j);
@@ -522,7 +532,7 @@ static napi_value format_results(napi_env env, napi_callback_info info) {
   uint32_t *st;
   if (argc != 3 || !typed_u8(env, argv[0], &in, &in_len) || !typed_u8(env, argv[1], &outp, &out_len)) return throw_msg(env, "formatResults(records, out, state): records and out must be Uint8Arrays");
   if (!typed_u32(env, argv[2], 3, &st)) return throw_msg(env, "formatResults: state must be a Uint32Array(3)");
-  if (!error_json[0]) return throw_msg(env, "setErrors must be called first");
+  if (!error_json[E_COUNT - 1]) return throw_msg(env, "setErrors must be called first");
   size_t longest_error = 0;
   for (int e = 0; e < E_COUNT; e++) if (error_len[e] > longest_error) longest_error = error_len[e];
   size_t at = st[0];

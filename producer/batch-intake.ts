@@ -193,7 +193,7 @@ export class BatchIntake {
     if (this.#spare.length < MAX_IN_FLIGHT) this.#spare.push(storage);
     const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;
     const data: ChunkJobData = {
-      batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding,
+      batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, resultFormat: 'records',
       ...(requestId ? { requestId } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}),
     };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });

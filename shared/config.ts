@@ -55,10 +55,13 @@ const envSchema = z.object({
   /** How long a process trusts its cached key versions before it looks for a rotation. */
   KEY_CACHE_TTL_MS: int(0).default(2_000),
   MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
-  /** The largest item; an NDJSON line may be up to 6× this plus its quotes (every byte escaped as \u00XX). */
-  MAX_ITEM_BYTES: int(1).default(64 * 1024),
-  /** Items one batch may hold; the upload beyond it fails with 413 and the batch is never run. */
-  MAX_BATCH_ITEMS: int(1).default(20_000_000),
+  /**
+   * The largest item; an NDJSON line may be up to 6× this plus its quotes (every byte escaped as
+   * \u00XX). At most 16 MiB: the kernels count an item's bytes in 32 bits (6× included).
+   */
+  MAX_ITEM_BYTES: int(1, 16 * 1024 * 1024).default(64 * 1024),
+  /** Items one batch may hold; the upload beyond it fails with 413 and the batch is never run. At most 4e9: indices are 32-bit in the kernels. */
+  MAX_BATCH_ITEMS: int(1, 4_000_000_000).default(20_000_000),
   /** Batches one tenant may have queued or running at once; more get 429. */
   MAX_ACTIVE_BATCHES: int(1).default(32),
   /**

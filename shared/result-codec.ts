@@ -26,7 +26,7 @@ const LINES_FORMAT = 0x7b; // '{': the first byte of stored NDJSON lines
 export const RESULT_ERRORS: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
 const ERROR_INDEX = new Map(RESULT_ERRORS.map((code, i) => [code, i]));
 const ERROR_JSON = RESULT_ERRORS.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message }));
-const LONGEST_ERROR = Math.max(...ERROR_JSON.map((e) => e.length));
+const LONGEST_ERROR = Math.max(...ERROR_JSON.map((e) => Buffer.byteLength(e)));
 
 /** The most bytes one record's line can take: its fixed parts, then the payload as escaped JSON (≤ 6×) or base64. */
 export const lineBound = (payloadBytes: number): number => 48 + LONGEST_ERROR + 6 * payloadBytes;
@@ -97,23 +97,28 @@ export function* resultLines(stored: Buffer, firstIndex: number, skip: number, n
   let at = skipRecords(stored, 1, skip);
   let index = firstIndex + skip;
   if (!native) {
-    if (at < stored.length) yield Buffer.from(formatJs(stored, at, index), 'utf8');
+    yield* formatJs(stored, at, index, pieceBytes);
     return;
   }
   const state = new Uint32Array(3);
-  let out = Buffer.allocUnsafe(pieceBytes);
+  const piece = Buffer.allocUnsafe(pieceBytes);
   while (at < stored.length) {
     state[0] = at;
     state[1] = index;
-    native.formatResults(stored, out, state);
+    native.formatResults(stored, piece, state);
     if (state[2] === 0) {
-      // One record's line may be longer than a piece (a large plaintext): make room for it.
-      out = Buffer.allocUnsafe(lineBound(stored.readUInt32LE(at + 1)));
+      // A line longer than a piece (a large plaintext) gets a buffer of its own.
+      const big = Buffer.allocUnsafe(lineBound(stored.readUInt32LE(at + 1)));
+      native.formatResults(stored, big, state);
+      if (state[2] === 0) throw new Error('formatResults wrote nothing into a buffer of its bound');
+      at = state[0];
+      index = state[1];
+      yield big.subarray(0, state[2]);
       continue;
     }
     at = state[0];
     index = state[1];
-    yield Buffer.from(out.subarray(0, state[2]));
+    yield Buffer.from(piece.subarray(0, state[2]));
   }
 }
 
@@ -127,8 +132,8 @@ function skipRecords(stored: Buffer, at: number, skip: number): number {
   return at;
 }
 
-/** The lines of the records from `at` on, in JavaScript: the same bytes the native formatter writes. */
-function formatJs(stored: Buffer, at: number, index: number): string {
+/** The lines of the records from `at` on, in JavaScript, in pieces of about `pieceBytes`: the same bytes the native formatter writes. */
+function* formatJs(stored: Buffer, at: number, index: number, pieceBytes: number): Generator<Buffer> {
   let out = '';
   while (at < stored.length) {
     if (at + HEADER > stored.length) throw new Error('corrupt results: record header truncated');
@@ -150,6 +155,10 @@ function formatJs(stored: Buffer, at: number, index: number): string {
     }
     at = end;
     index++;
+    if (out.length >= pieceBytes) {
+      yield Buffer.from(out, 'utf8');
+      out = '';
+    }
   }
-  return out;
+  if (out) yield Buffer.from(out, 'utf8');
 }

@@ -151,5 +151,11 @@ export const chunkJobData = z.object({
   requestId: z.string().max(64).optional(),
   context: context.optional(),
   targetKey: keyName.optional(),
+  /**
+   * `records` from an API that formats results as it streams them (shared/result-codec.ts).
+   * A job without it comes from an earlier API, which streams what is stored as it is: the
+   * worker stores NDJSON lines for it.
+   */
+  resultFormat: z.literal('records').optional(),
 });
 export type ChunkJobData = z.infer<typeof chunkJobData>;

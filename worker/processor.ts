@@ -7,6 +7,7 @@ import type { KeyCache } from '../shared/key-cache.js';
 import type { KeyPolicy } from '../shared/key-policy.js';
 import type { Logger } from '../shared/logger.js';
 import type { WorkerMetrics } from '../shared/metrics.js';
+import { resultLines, type NativeFormatter } from '../shared/result-codec.js';
 import { chunkJobData, type ChunkJobData } from '../shared/schemas.js';
 import type { CryptoPool } from './pool.js';
 
@@ -18,6 +19,8 @@ export interface ProcessorDeps {
   readonly logger: Logger;
   readonly maxItemBytes: number;
   readonly metrics: WorkerMetrics;
+  /** The native result formatter where the kernel is native (lines for jobs of an earlier API). */
+  readonly formatter?: NativeFormatter;
   /** Called when this chunk's completion ended its batch (its webhook goes out). */
   readonly onBatchEnded?: (batchId: string) => void;
 }
@@ -33,7 +36,7 @@ export interface ChunkReport {
  * the result in one script. Running the same chunk twice (crash, retry, stall) is harmless: the
  * script counts a chunk once, and a chunk already counted has had its inputs removed.
  */
-export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logger, maxItemBytes, metrics, onBatchEnded }: ProcessorDeps) {
+export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logger, maxItemBytes, metrics, formatter, onBatchEnded }: ProcessorDeps) {
   return async (job: Job<ChunkJobData>): Promise<ChunkReport> => {
     const parsed = chunkJobData.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid chunk job: ${parsed.error.issues.map((i) => i.path.join('.') + ' ' + i.message).join('; ')}`);
@@ -68,7 +71,9 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       throw new UnrecoverableError(`chunk holds ${outcome.count} items, the job says ${data.count}`);
     }
 
-    const completion = await batches.completeChunk(data.batchId, data.chunk, outcome);
+    // An earlier API streams stored results as they are: give its jobs the lines themselves.
+    const results = data.resultFormat === 'records' ? outcome.results : Buffer.concat([...resultLines(outcome.results, data.firstIndex, 0, formatter)]);
+    const completion = await batches.completeChunk(data.batchId, data.chunk, { ...outcome, results });
     stopTimer();
     if ((completion === 'progress' || completion === 'completed') && data.op !== 'decrypt') {
       keyPolicy.counted(data.tenant, target ?? ring, outcome.succeeded);

@@ -9,7 +9,7 @@ import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
-import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
+import { nativeKernel, nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
@@ -39,7 +39,11 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
     keys.queueName,
-    createChunkProcessor({ batches, keyCache, keyPolicy, pool, logger, maxItemBytes: config.maxItemBytes, metrics, onBatchEnded: (id) => webhooks.deliver(batches, id) }),
+    createChunkProcessor({
+      batches, keyCache, keyPolicy, pool, logger, maxItemBytes: config.maxItemBytes, metrics,
+      ...(resolveKernel(config.kernel) === 'native' ? { formatter: nativeKernel } : {}),
+      onBatchEnded: (id) => webhooks.deliver(batches, id),
+    }),
     {
       connection: createRedis(config, { role: 'worker' }),
       prefix: keys.prefix,

@@ -42,7 +42,7 @@ export function outputBound(op: ChunkJob['op'], items: number, inputBytes: numbe
  * re-sealed item is never longer than its input.
  */
 export function recordsBound(items: number, inputBytes: number): number {
-  return items * (9 + 12 + 16) + inputBytes;
+  return 1 + items * (9 + 12 + 16) + inputBytes; // 1: the format byte
 }
 
 const PARAMS = new Uint32Array(new ArrayBuffer(28));
@@ -71,6 +71,7 @@ export function runChunkInto(job: ChunkJob, packed: Uint8Array, ring: KeyRing, r
   if (resolveKernel(choice) === 'native' && ring.nativeCapable && job.context === undefined && !target) {
     const items = countItems(packed);
     const out = new Uint8Array(new ArrayBuffer(reserve + recordsBound(items, packed.length)));
+    // The format byte, then the kernel's records.
     out[reserve] = RESULTS_FORMAT;
     const { params, versions } = nativeJob(job, ring, false);
     const [written, count, succeeded, failed, newerVersionSeen] = nativeKernel!.run(params, versions, packed, out.subarray(reserve + 1));

@@ -11,6 +11,8 @@ let app: FastifyInstance;
 let worker: RunningProcess | undefined;
 let client: Client;
 let queuedBeforeWorker: string;
+let queuedByEarlierApi: string;
+const earlierItems = Array.from({ length: 7005 }, (_, i) => `earlier-${i}`);
 
 beforeAll(async () => {
   app = await buildApp({ config: configFrom(env) });
@@ -20,6 +22,15 @@ beforeAll(async () => {
   // Submitted before any worker runs: it must wait, queued, with no results yet.
   const queued = await client.uploadNdjson('encrypt', 'serials', ['early-1', 'early-2']);
   queuedBeforeWorker = queued.body.batchId;
+  // Two chunks queued as an API from before result records would queue them: without resultFormat.
+  queuedByEarlierApi = (await client.uploadNdjson('encrypt', 'serials', earlierItems)).body.batchId;
+  const jobs = (await app.services.queue.getJobs(['waiting'])).filter((j) => j.data.batchId === queuedByEarlierApi);
+  expect(jobs).toHaveLength(2);
+  for (const job of jobs) {
+    const { resultFormat, ...earlier } = job.data;
+    expect(resultFormat).toBe('records');
+    await job.updateData(earlier);
+  }
   worker = await startWorker(env);
 });
 
@@ -37,6 +48,23 @@ describe('batches', () => {
     if (res.status === 409) expect(((await res.json()) as any).error.code).toBe('KF_BATCH_NOT_READY');
     const done = await client.waitForBatch(queuedBeforeWorker);
     expect(done).toMatchObject({ status: 'completed', total: 2, processed: 2, succeeded: 2, failed: 0 });
+  });
+
+  it('stores NDJSON lines for the jobs of an earlier API (which streams stored results as they are), and streams them as they are', async () => {
+    expect(await client.waitForBatch(queuedByEarlierApi)).toMatchObject({ status: 'completed', succeeded: earlierItems.length });
+    for (const chunk of [0, 1]) {
+      const stored = (await app.services.batches.readResults(queuedByEarlierApi, chunk))!.toString('utf8');
+      const lines = stored.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+      expect(lines.map((l) => l.i)).toEqual(earlierItems.slice(chunk * 7000, chunk * 7000 + 7000).map((_, n) => chunk * 7000 + n));
+    }
+    const results = await client.results(queuedByEarlierApi);
+    expect(results.map((l) => l.i)).toEqual(earlierItems.map((_, i) => i));
+    expect((await client.results(queuedByEarlierApi, 6998)).map((l) => l.i)).toEqual([6998, 6999, 7000, 7001, 7002, 7003, 7004]);
+    const back = await client.uploadNdjson('decrypt', 'serials', results.map((l) => l.ciphertext!));
+    await client.waitForBatch(back.body.batchId);
+    expect((await client.results(back.body.batchId)).map((l) => l.plaintext)).toEqual(earlierItems);
+    // A batch of this API's own is stored as records.
+    expect((await app.services.batches.readResults(queuedBeforeWorker, 0))![0]).toBe(1);
   });
 
   it('encrypts 100,000 NDJSON items, streams results in input order, and a second batch decrypts them all back', async () => {
