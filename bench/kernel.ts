@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { ChunkPacker } from '../shared/chunk-codec.js';
-import { runChunkInto, type KernelChoice, type KernelOutput } from '../shared/crypto/kernel.js';
+import { resultFormatter, runChunkInto, type KernelChoice, type KernelOutput } from '../shared/crypto/kernel.js';
 import { KeyRing } from '../shared/crypto/key-ring.js';
 import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { NonceSource } from '../shared/crypto/nonces.js';
@@ -24,7 +24,7 @@ function packChunks(items: readonly string[]): Buffer[] {
 /** A chunk's result lines, as the API formats them for the download (native where the kernel is). */
 function resultText(output: KernelOutput): string {
   const stored = Buffer.from(output.buffer.buffer, output.buffer.byteOffset, output.buffer.byteLength);
-  return Buffer.concat([...resultLines(stored, 0, 0, output.kernel === 'native' ? nativeKernel : undefined)]).toString('utf8');
+  return Buffer.concat([...resultLines(stored, 0, 0, resultFormatter(output.kernel))]).toString('utf8');
 }
 
 /** A packed chunk of the ciphertexts in one encrypt output (its lines are `{"i":…,"ciphertext":…}`). */
@@ -50,7 +50,7 @@ function timeChunks(chunks: readonly Buffer[], run: (chunk: Buffer) => KernelOut
     const start = process.hrtime.bigint();
     const output = run(chunk);
     const stored = Buffer.from(output.buffer.buffer, output.buffer.byteOffset, output.buffer.byteLength);
-    for (const piece of resultLines(stored, i * CHUNK, 0, output.kernel === 'native' ? nativeKernel : undefined)) void piece;
+    for (const piece of resultLines(stored, i * CHUNK, 0, resultFormatter(output.kernel))) void piece;
     ns += process.hrtime.bigint() - start;
     const { failed } = output;
     if (failed > 0) throw new Error(`bench: chunk ${i}: ${failed} items failed`);

@@ -345,6 +345,14 @@ static int typed_u32(napi_env env, napi_value v, size_t n, uint32_t **data) {
   return typed(env, v, napi_uint32_array, (void **)data, &len) && len == n;
 }
 
+// The arguments of formatResults and packLines: (in: Uint8Array, out: Uint8Array, state: Uint32Array(state_len)).
+static int buffers_and_state(napi_env env, napi_callback_info info, uint8_t **in, size_t *in_len, uint8_t **out, size_t *out_len, size_t state_len, uint32_t **state) {
+  size_t argc = 3;
+  napi_value argv[3];
+  return napi_get_cb_info(env, info, &argc, argv, NULL, NULL) == napi_ok && argc == 3 && typed_u8(env, argv[0], in, in_len) &&
+         typed_u8(env, argv[1], out, out_len) && typed_u32(env, argv[2], state_len, state);
+}
+
 static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **data, size_t *len) {
   napi_value v;
   return napi_get_named_property(env, obj, name, &v) == napi_ok && typed_u8(env, v, data, len);
@@ -524,14 +532,11 @@ static napi_value run(napi_env env, napi_callback_info info) {
 // written = the bytes written. A record no line of which fits in an empty out is left for the
 // caller to retry with a bigger one (it needs at most 48 + the longest error + 6 × its length).
 static napi_value format_results(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
-  napi_value argv[3];
-  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   uint8_t *in, *outp;
   size_t in_len, out_len;
   uint32_t *st;
-  if (argc != 3 || !typed_u8(env, argv[0], &in, &in_len) || !typed_u8(env, argv[1], &outp, &out_len)) return throw_msg(env, "formatResults(records, out, state): records and out must be Uint8Arrays");
-  if (!typed_u32(env, argv[2], 3, &st)) return throw_msg(env, "formatResults: state must be a Uint32Array(3)");
+  if (!buffers_and_state(env, info, &in, &in_len, &outp, &out_len, 3, &st))
+    return throw_msg(env, "formatResults(records, out, state): records and out must be Uint8Arrays, state a Uint32Array(3)");
   if (!error_json[E_COUNT - 1]) return throw_msg(env, "setErrors must be called first");
   size_t longest_error = 0;
   for (int e = 0; e < E_COUNT; e++) if (error_len[e] > longest_error) longest_error = error_len[e];
@@ -624,14 +629,11 @@ static long pack_lines(const uint8_t *src, size_t start, size_t end, uint8_t *ou
 // packLines(src, out, state): state is a Uint32Array
 // [start, end, outAt, maxItems, maxItemBytes | out: items, next, reason]; items go to out from outAt.
 static napi_value pack_lines_js(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
-  napi_value argv[3];
-  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
   uint8_t *src, *out;
   size_t src_len, out_len;
-  if (argc != 3 || !typed_u8(env, argv[0], &src, &src_len) || !typed_u8(env, argv[1], &out, &out_len)) return throw_msg(env, "packLines(src, out, state): src and out must be Uint8Arrays");
   uint32_t *st;
-  if (!typed_u32(env, argv[2], 8, &st)) return throw_msg(env, "packLines: state must be a Uint32Array(8)");
+  if (!buffers_and_state(env, info, &src, &src_len, &out, &out_len, 8, &st))
+    return throw_msg(env, "packLines(src, out, state): src and out must be Uint8Arrays, state a Uint32Array(8)");
   size_t start = st[0], end = st[1], out_at = st[2];
   if (start > end || end > src_len || out_at > out_len) return throw_msg(env, "packLines: range out of bounds");
   uint32_t items, reason;

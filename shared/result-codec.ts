@@ -25,8 +25,9 @@ const LINES_FORMAT = 0x7b; // '{': the first byte of stored NDJSON lines
 /** The item-level codes a record can carry, in the order the native kernel indexes them. */
 export const RESULT_ERRORS: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
 const ERROR_INDEX = new Map(RESULT_ERRORS.map((code, i) => [code, i]));
-const ERROR_JSON = RESULT_ERRORS.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message }));
-const LONGEST_ERROR = Math.max(...ERROR_JSON.map((e) => Buffer.byteLength(e)));
+/** Each of those codes as the JSON of its error, as result lines carry it (the native kernel's table too). */
+export const RESULT_ERROR_JSON: readonly string[] = RESULT_ERRORS.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message }));
+const LONGEST_ERROR = Math.max(...RESULT_ERROR_JSON.map((e) => Buffer.byteLength(e)));
 
 /** The most bytes one record's line can take: its fixed parts, then the payload as escaped JSON (≤ 6×) or base64. */
 export const lineBound = (payloadBytes: number): number => 48 + LONGEST_ERROR + 6 * payloadBytes;
@@ -105,20 +106,18 @@ export function* resultLines(stored: Buffer, firstIndex: number, skip: number, n
   while (at < stored.length) {
     state[0] = at;
     state[1] = index;
-    native.formatResults(stored, piece, state);
+    let out = piece;
+    native.formatResults(stored, out, state);
     if (state[2] === 0) {
       // A line longer than a piece (a large plaintext) gets a buffer of its own.
-      const big = Buffer.allocUnsafe(lineBound(stored.readUInt32LE(at + 1)));
-      native.formatResults(stored, big, state);
+      out = Buffer.allocUnsafe(lineBound(stored.readUInt32LE(at + 1)));
+      native.formatResults(stored, out, state);
       if (state[2] === 0) throw new Error('formatResults wrote nothing into a buffer of its bound');
-      at = state[0];
-      index = state[1];
-      yield big.subarray(0, state[2]);
-      continue;
     }
     at = state[0];
     index = state[1];
-    yield Buffer.from(piece.subarray(0, state[2]));
+    // The piece is reused: what leaves is a copy. A buffer of its own leaves as it is.
+    yield out === piece ? Buffer.from(piece.subarray(0, state[2])) : out.subarray(0, state[2]);
   }
 }
 
@@ -148,8 +147,8 @@ function* formatJs(stored: Buffer, at: number, index: number, pieceBytes: number
       out += `"plaintext":${JSON.stringify(payload.toString('utf8'))}}\n`;
     } else if (kind === RECORD_PLAINTEXT_BASE64) {
       out += `"plaintext":"${payload.toString('base64')}"}\n`;
-    } else if (kind === RECORD_ERROR && payload.length === 1 && payload[0]! < ERROR_JSON.length) {
-      out += `"error":${ERROR_JSON[payload[0]!]}}\n`;
+    } else if (kind === RECORD_ERROR && payload.length === 1 && payload[0]! < RESULT_ERROR_JSON.length) {
+      out += `"error":${RESULT_ERROR_JSON[payload[0]!]}}\n`;
     } else {
       throw new Error(`corrupt results: record of kind ${kind} and ${payload.length} bytes`);
     }

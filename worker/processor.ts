@@ -20,7 +20,7 @@ export interface ProcessorDeps {
   readonly maxItemBytes: number;
   readonly metrics: WorkerMetrics;
   /** The native result formatter where the kernel is native (lines for jobs of an earlier API). */
-  readonly formatter?: NativeFormatter;
+  readonly formatter: NativeFormatter | undefined;
   /** Called when this chunk's completion ended its batch (its webhook goes out). */
   readonly onBatchEnded?: (batchId: string) => void;
 }

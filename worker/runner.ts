@@ -8,8 +8,8 @@ import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
-import { resolveKernel } from '../shared/crypto/kernel.js';
-import { nativeKernel, nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
+import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
+import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
@@ -41,7 +41,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     keys.queueName,
     createChunkProcessor({
       batches, keyCache, keyPolicy, pool, logger, maxItemBytes: config.maxItemBytes, metrics,
-      ...(resolveKernel(config.kernel) === 'native' ? { formatter: nativeKernel } : {}),
+      formatter: resultFormatter(config.kernel),
       onBatchEnded: (id) => webhooks.deliver(batches, id),
     }),
     {

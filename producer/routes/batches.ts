@@ -4,8 +4,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
-import { resolveKernel } from '../../shared/crypto/kernel.js';
-import { nativeKernel } from '../../shared/crypto/native-kernel.js';
+import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
@@ -25,7 +24,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const tags = ['batches'];
   // KEYFLEET_KERNEL=js keeps the addon out of uploads too.
   const packNatively = resolveKernel(app.keyfleet.kernel) === 'native';
-  const formatter = packNatively ? nativeKernel : undefined;
+  const formatter = resultFormatter(app.keyfleet.kernel);
 
   // Uploads are streamed into chunks by the route itself: hand it the raw body, unread. Only
   // JSON and NDJSON are uploads; any other type (text/plain included) is a 415.

@@ -1,5 +1,5 @@
 import { CATALOGUE } from '../errors.js';
-import { RESULTS_FORMAT } from '../result-codec.js';
+import { RESULTS_FORMAT, type NativeFormatter } from '../result-codec.js';
 import { runChunk, type ChunkJob } from './chunk-kernel.js';
 import { itemLimit } from './items.js';
 import type { KeyRing } from './key-ring.js';
@@ -25,6 +25,11 @@ const LONGEST_ERROR = Math.max(...Object.entries(CATALOGUE).map(([code, { messag
 export function resolveKernel(choice: KernelChoice): 'native' | 'js' {
   if (choice === 'native' && !nativeKernel) throw new Error(`KEYFLEET_KERNEL=native, but the native kernel is not built (${nativeKernelUnavailable}); run npm run build:native`);
   return choice === 'js' || !nativeKernel ? 'js' : 'native';
+}
+
+/** The native formatter of result records where `choice` resolves to the native kernel; else undefined (the JavaScript one). */
+export function resultFormatter(choice: KernelChoice): NativeFormatter | undefined {
+  return resolveKernel(choice) === 'native' ? nativeKernel : undefined;
 }
 
 /**

@@ -1,7 +1,6 @@
 import { createRequire } from 'node:module';
-import { CATALOGUE } from '../errors.js';
 import { projectRoot } from '../project-root.js';
-import { RESULT_ERRORS, type NativeFormatter } from '../result-codec.js';
+import { RESULT_ERROR_JSON, type NativeFormatter } from '../result-codec.js';
 import type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 
 export type { NativeVersionEntry as NativeVersion } from './key-ring.js';
@@ -34,7 +33,7 @@ function load(): { addon?: NativeAddon; reason?: string } {
     // node-gyp-build finds build/Release (or a prebuild) the way native packages do.
     const nodeGypBuild = createRequire(import.meta.url)('node-gyp-build') as (dir: string) => NativeAddon;
     const addon = nodeGypBuild(root);
-    addon.setErrors(RESULT_ERRORS.map((code) => JSON.stringify({ code, message: CATALOGUE[code].message })));
+    addon.setErrors([...RESULT_ERROR_JSON]);
     return { addon };
   } catch (err) {
     return { reason: (err as Error).message.split('\n')[0] };

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
 import type { ChunkJob } from '../../shared/crypto/chunk-kernel.js';
-import { runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
+import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
@@ -31,7 +31,7 @@ function pack(items: Array<string | Buffer | typeof ITEM_NOT_STRING | typeof ITE
 
 /** The result lines of stored records, from the native formatter or the JavaScript one. */
 const format = (stored: Uint8Array, formatter: KernelChoice, firstIndex = 0, skip = 0, pieceBytes?: number): Buffer =>
-  Buffer.concat([...resultLines(Buffer.from(stored), firstIndex, skip, formatter === 'native' ? nativeKernel : undefined, pieceBytes)]);
+  Buffer.concat([...resultLines(Buffer.from(stored), firstIndex, skip, resultFormatter(formatter), pieceBytes)]);
 
 function run(kernel: KernelChoice, op: ChunkJob['op'], items: Parameters<typeof pack>[0], encoding: 'utf8' | 'base64' = 'utf8', firstIndex = 0) {
   const out = runChunkInto({ op, encoding, maxItemBytes: 1024 }, pack(items), ring, 0, kernel, nonces);

@@ -1,9 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { ChunkPacker } from '../../shared/chunk-codec.js';
-import { runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
+import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
 import { KeyRing } from '../../shared/crypto/key-ring.js';
-import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
 import { RECORD_CIPHERTEXT, RECORD_ERROR, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
 
@@ -19,7 +18,7 @@ function records(op: 'encrypt' | 'decrypt', items: readonly string[], kernel: Ke
 }
 
 const pieces = (stored: Buffer, formatter: KernelChoice, firstIndex: number, skip: number, pieceBytes?: number): Buffer[] =>
-  [...resultLines(stored, firstIndex, skip, formatter === 'native' ? nativeKernel : undefined, pieceBytes)];
+  [...resultLines(stored, firstIndex, skip, resultFormatter(formatter), pieceBytes)];
 const text = (parts: Buffer[]): string => Buffer.concat(parts).toString('utf8');
 
 describe('stored results', () => {
