@@ -9,6 +9,7 @@ import { forEachItem, ITEM_NOT_STRING, ITEM_OK, ITEM_TOO_LARGE } from '../../sha
 import { createChunkQueue } from '../../shared/queue.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { testEnv } from '../helpers/env.js';
+import { seededRandom } from '../helpers/seeded.js';
 
 const { env } = testEnv();
 const redis = new Redis(env['REDIS_URL']!);
@@ -21,16 +22,6 @@ afterAll(async () => {
 });
 
 const MAX_ITEM = 40;
-
-/** A seeded generator (mulberry32): the same seed gives the same bodies on every run. */
-function random(seed: number): () => number {
-  return () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Lines of every kind the parser tells apart: plain ASCII, non-ASCII, escapes, not strings, blank, padded, CRLF, too long. */
 function lineOf(rand: () => number): string {
@@ -93,7 +84,7 @@ async function packed(body: Buffer, cuts: readonly number[], native: boolean): P
 describe('NDJSON upload packing', () => {
   it.runIf(canPackLines)('packs the same items natively as in JavaScript, and as JSON.parse reads them, however the body is cut', async () => {
     for (let seed = 1; seed <= 40; seed++) {
-      const rand = random(seed);
+      const rand = seededRandom(seed);
       const lines = Array.from({ length: 20 + Math.floor(rand() * 60) }, () => lineOf(rand));
       const body = Buffer.from(lines.join('\n') + (rand() < 0.5 ? '\n' : ''));
       const cuts = Array.from({ length: 30 }, () => 1 + Math.floor(rand() * 120));
@@ -106,7 +97,7 @@ describe('NDJSON upload packing', () => {
   it('stores every chunk intact when one body piece fills many chunks before any is written', async () => {
     // The intake seals chunks into buffers it reuses once their writes are done: a piece of
     // 300 lines seals ~40 chunks before the first write, and each must keep its own buffer.
-    const rand = random(7);
+    const rand = seededRandom(7);
     const lines = Array.from({ length: 300 }, () => lineOf(rand));
     const body = Buffer.from(lines.join('\n') + '\n');
     const want = expected(lines);
