@@ -38,7 +38,8 @@ function keyfleet(args: string[], extraEnv: Record<string, string> = {}): Promis
     child.stderr.on('data', (d) => (stderr += d));
     const timer = setTimeout(() => child.kill('SIGKILL'), 90_000);
     child.on('error', fail);
-    child.on('exit', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
+    // 'close', not 'exit': it comes once stdout and stderr are read to the end.
+    child.on('close', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
   });
 }
 

@@ -36,7 +36,8 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
   };
   child.stdout!.on('data', onData);
   child.stderr!.on('data', onData);
-  const exited = new Promise<number | null>((done) => child.once('exit', (code) => done(code)));
+  // 'close', not 'exit': it comes once the output is read to the end, so `lines` is complete.
+  const exited = new Promise<number | null>((done) => child.once('close', (code) => done(code)));
 
   return {
     child,
@@ -55,7 +56,7 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
       });
     },
     async stop(graceMs = 15_000) {
-      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      if (child.exitCode !== null || child.signalCode !== null) return exited;
       child.kill('SIGTERM');
       const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
       const code = await exited;
@@ -63,7 +64,10 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
       return code;
     },
     async kill() {
-      if (child.exitCode !== null || child.signalCode !== null) return;
+      if (child.exitCode !== null || child.signalCode !== null) {
+        await exited;
+        return;
+      }
       child.kill('SIGKILL');
       await exited;
     },
