@@ -1,17 +1,19 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetApiError, KeyfleetClient, retryDelayMs } from '../../client/index.js';
+import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
 import { freePort } from '../helpers/net.js';
-import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
 // No key cache: a rotation done through the API shows in the worker's next chunk (by default within KEY_CACHE_TTL_MS).
-const { env, admin } = testEnv({ CHUNK_ITEMS: '5000', KEY_CACHE_TTL_MS: '0' });
+// The worker at its production scheduling (tests default to normal priority), checked below.
+const { env, admin } = testEnv({ CHUNK_ITEMS: '5000', KEY_CACHE_TTL_MS: '0', WORKER_SCHED: 'idle', WORKER_NICE: '19' });
 let api: RunningProcess;
 let worker: RunningProcess;
 let url: string;
@@ -19,7 +21,7 @@ let dir: string;
 
 beforeAll(async () => {
   const port = await freePort();
-  [api, worker] = await Promise.all([startApi(env, port), startWorker(env)]);
+  [api, worker] = await startApiAndWorker(env, port);
   url = `http://127.0.0.1:${port}`;
   dir = mkdtempSync(join(tmpdir(), 'keyfleet-cli-'));
 });
@@ -132,6 +134,17 @@ describe('the keyfleet CLI', () => {
     const gone = await keyfleet(['batch', 'results', batchId]);
     expect(gone.code).toBe(1);
     expect(gone.stderr).toContain('KF_BATCH_DELETED');
+  });
+});
+
+describe('the worker process', () => {
+  it.runIf(process.platform === 'linux' && nativeKernel !== undefined)('runs every thread under SCHED_IDLE at nice 19 (WORKER_SCHED=idle, WORKER_NICE=19)', () => {
+    const pid = worker.child.pid!;
+    // /proc/<pid>/task/<tid>/stat after the command name: field 19 is the niceness, 41 the policy.
+    const stats = readdirSync(`/proc/${pid}/task`).map((t) => readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8').split(') ')[1]!.split(' '));
+    expect(stats.length).toBeGreaterThan(5);
+    expect(new Set(stats.map((f) => Number(f[38])))).toEqual(new Set([5])); // SCHED_IDLE
+    expect(new Set(stats.map((f) => Number(f[16])))).toEqual(new Set([19]));
   });
 });
 

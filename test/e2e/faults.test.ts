@@ -28,8 +28,9 @@ async function stack(overrides: Record<string, string>) {
   const made = testEnv({ REDIS_URL: ownRedis.url, ...overrides });
   const port = await freePort();
   const api = await startApi(made.env, port);
+  running.push(api); // stopped in afterAll even if the worker fails to start
   const worker = await startWorker(made.env);
-  running.push(api, worker);
+  running.push(worker);
   const client = new Client(`http://127.0.0.1:${port}`, made.admin.token);
   expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
   return { ...made, api, worker, client, port };

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
 import { freePort } from '../helpers/net.js';
-import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 const { env, admin, encryptOnly } = testEnv({ CHUNK_ITEMS: '10000' });
 let api: RunningProcess;
@@ -14,7 +14,7 @@ const legacyKey = randomBytes(32);
 
 beforeAll(async () => {
   const port = await freePort();
-  [api, worker] = await Promise.all([startApi(env, port), startWorker(env)]);
+  [api, worker] = await startApiAndWorker(env, port);
   client = new Client(`http://127.0.0.1:${port}`, admin.token);
 });
 afterAll(async () => {

@@ -24,6 +24,12 @@ export function testEnv(overrides: Record<string, string> = {}): { env: Record<s
     LOG_LEVEL: 'warn',
     // Each worker process picks a free port for its metrics server.
     WORKER_METRICS_PORT: '0',
+    // Worker processes at normal priority: under the default SCHED_IDLE and nice 19 they would
+    // get only the CPU that the test runner and the API leave, and on a loaded CI machine could
+    // miss the short job-lock renewals some tests set. The scheduling itself has its own tests
+    // (unit/config-and-tokens.test.ts, in child processes).
+    WORKER_SCHED: 'normal',
+    WORKER_NICE: '0',
     ...overrides,
   };
   return { env, admin, encryptOnly, other };

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { resolve } from 'node:path';
+import { createInterface } from 'node:readline';
 import { API_NODE_FLAGS } from '../../producer/node-flags.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -22,20 +23,19 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
   const child = spawn(process.execPath, [...flags, resolve(root, 'dist', entry)], { env: { PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
   const waiters: Array<{ pattern: RegExp; done: (line: string) => void }> = [];
-  const onData = (buf: Buffer): void => {
-    for (const line of buf.toString('utf8').split('\n')) {
-      if (!line) continue;
-      lines.push(line);
-      for (const w of [...waiters]) {
-        if (w.pattern.test(line)) {
-          waiters.splice(waiters.indexOf(w), 1);
-          w.done(line);
-        }
+  const onLine = (line: string): void => {
+    if (!line) return;
+    lines.push(line);
+    for (const w of [...waiters]) {
+      if (w.pattern.test(line)) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.done(line);
       }
     }
   };
-  child.stdout!.on('data', onData);
-  child.stderr!.on('data', onData);
+  // Whole lines per stream, however the pipe splits them between reads.
+  createInterface({ input: child.stdout!, crlfDelay: Infinity }).on('line', onLine);
+  createInterface({ input: child.stderr!, crlfDelay: Infinity }).on('line', onLine);
   // 'close', not 'exit': it comes once the output is read to the end, so `lines` is complete.
   const exited = new Promise<number | null>((done) => child.once('close', (code) => done(code)));
 
@@ -74,16 +74,31 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
   };
 }
 
+/** Waits for `pattern`; a process that does not get there is killed, so no test leaves it behind. */
+async function started(running: RunningProcess, pattern: RegExp): Promise<RunningProcess> {
+  try {
+    await running.waitFor(pattern);
+    return running;
+  } catch (err) {
+    await running.kill();
+    throw err;
+  }
+}
+
 /** Starts a worker process and waits until it takes chunks. */
-export async function startWorker(env: Record<string, string>): Promise<RunningProcess> {
-  const worker = runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info' });
-  await worker.waitFor(/"msg":"worker started"/);
-  return worker;
+export function startWorker(env: Record<string, string>): Promise<RunningProcess> {
+  return started(runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info' }), /"msg":"worker started"/);
 }
 
 /** Starts an API process on `port` and waits until it listens. */
-export async function startApi(env: Record<string, string>, port: number): Promise<RunningProcess> {
-  const api = runEntry('producer/main.js', { ...env, LOG_LEVEL: 'info', HOST: '127.0.0.1', PORT: String(port) });
-  await api.waitFor(/Server listening/);
-  return api;
+export function startApi(env: Record<string, string>, port: number): Promise<RunningProcess> {
+  return started(runEntry('producer/main.js', { ...env, LOG_LEVEL: 'info', HOST: '127.0.0.1', PORT: String(port) }), /Server listening/);
+}
+
+/** Starts an API on `port` and a worker side by side; if either fails, the other is stopped too. */
+export async function startApiAndWorker(env: Record<string, string>, port: number): Promise<[RunningProcess, RunningProcess]> {
+  const [api, worker] = await Promise.allSettled([startApi(env, port), startWorker(env)]);
+  if (api.status === 'fulfilled' && worker.status === 'fulfilled') return [api.value, worker.value];
+  await Promise.all([api, worker].map((o) => (o.status === 'fulfilled' ? o.value.kill() : undefined)));
+  throw api.status === 'rejected' ? api.reason : (worker as PromiseRejectedResult).reason;
 }
