@@ -69,7 +69,7 @@ describe('worker priority', () => {
       import { Worker } from 'node:worker_threads';
       import { lowerProcessPriority } from ${JSON.stringify(resolve(import.meta.dirname, '../../dist/shared/priority.js'))};
       const lowered = lowerProcessPriority(${JSON.stringify(priority)});
-      const worker = new Worker('setTimeout(() => {}, 200)', { eval: true });
+      const worker = new Worker('setInterval(() => {}, 1e9)', { eval: true }); // alive until terminated below
       await new Promise((r) => worker.once('online', r));
       // /proc/<pid>/task/<tid>/stat after the command name: field 19 is the niceness, 41 the policy.
       const stats = readdirSync('/proc/self/task').map((t) => readFileSync('/proc/self/task/' + t + '/stat', 'utf8').split(') ')[1].split(' '));
