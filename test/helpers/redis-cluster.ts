@@ -1,6 +1,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { freePort } from './net.js';
 
@@ -23,9 +24,7 @@ export async function startCluster(): Promise<LocalCluster> {
   };
   try {
     for (let i = 0; i < 3; i++) {
-      // The cluster bus listens on port + 10000: pick ports whose bus port is free as well.
-      let port = await freePort();
-      while (port > 55_000) port = await freePort();
+      const port = await portWithFreeBus(ports);
       ports.push(port);
       const nodeDir = join(dir, String(port));
       mkdirSync(nodeDir);
@@ -43,6 +42,22 @@ export async function startCluster(): Promise<LocalCluster> {
   }
   return { urls: ports.map((p) => `redis://127.0.0.1:${p}`).join(','), stop };
 }
+
+/** A free port whose cluster bus port (port + 10000) is free as well, and neither taken by a node already picked. */
+async function portWithFreeBus(taken: readonly number[]): Promise<number> {
+  const used = new Set(taken.flatMap((p) => [p, p + 10_000]));
+  for (;;) {
+    const port = await freePort();
+    if (port <= 55_000 && !used.has(port) && !used.has(port + 10_000) && (await canListen(port + 10_000))) return port;
+  }
+}
+
+const canListen = (port: number): Promise<boolean> =>
+  new Promise((done) => {
+    const server = createServer();
+    server.once('error', () => done(false));
+    server.listen(port, '127.0.0.1', () => server.close(() => done(true)));
+  });
 
 async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
