@@ -26,8 +26,8 @@ export function testEnv(overrides: Record<string, string> = {}): { env: Record<s
     WORKER_METRICS_PORT: '0',
     // Worker processes at normal priority: under the default SCHED_IDLE and nice 19 they would
     // get only the CPU that the test runner and the API leave, and on a loaded CI machine could
-    // miss the short job-lock renewals some tests set. The scheduling itself has its own tests
-    // (unit/config-and-tokens.test.ts, in child processes).
+    // miss the short job-lock renewals some tests set. The scheduling itself has its own tests:
+    // unit/config-and-tokens.test.ts, and the CLI suite's worker at the production default.
     WORKER_SCHED: 'normal',
     WORKER_NICE: '0',
     ...overrides,
