@@ -1,5 +1,4 @@
-import { CATALOGUE } from '../errors.js';
-import { RESULTS_FORMAT, type NativeFormatter } from '../result-codec.js';
+import { lineBound, RESULTS_FORMAT, type NativeFormatter } from '../result-codec.js';
 import { runChunk, type ChunkJob } from './chunk-kernel.js';
 import { itemLimit } from './items.js';
 import type { KeyRing } from './key-ring.js';
@@ -19,7 +18,6 @@ export interface KernelOutput {
 }
 
 const OPS = { encrypt: 0, decrypt: 1, rewrap: 2 } as const;
-const LONGEST_ERROR = Math.max(...Object.entries(CATALOGUE).map(([code, { message }]) => code.length + message.length)) + 64;
 
 /** Which kernel a choice resolves to on this machine; `native` where it was not built is a start-up error. */
 export function resolveKernel(choice: KernelChoice): 'native' | 'js' {
@@ -37,7 +35,7 @@ export function resultFormatter(choice: KernelChoice): NativeFormatter | undefin
  * the payload expanded by base64 (4/3) or, for plaintexts, by JSON escaping (at most 6×).
  */
 export function outputBound(op: ChunkJob['op'], items: number, inputBytes: number): number {
-  const perItem = 48 + LONGEST_ERROR;
+  const perItem = lineBound(0); // an item's JSON without its payload, the longest error's included
   return items * perItem + (op === 'decrypt' ? 5 * inputBytes : Math.ceil((inputBytes + 28 * items) * 4 / 3) + 4 * items);
 }
 
