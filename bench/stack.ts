@@ -17,6 +17,29 @@ export function peakRssMb(pid: number): number {
   return line ? Number(line.replace(/\D+/g, '')) / 1024 : NaN;
 }
 
+/** CPU seconds (user + system) a process has used so far (/proc counts in USER_HZ, 100 on Linux). */
+export function cpuSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' '); // fields from the third, state
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+/** Waits up to ~10 s for `url` to answer 2xx. */
+export async function waitForOk(url: string, what: string): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {
+      // not yet
+    }
+    if (i > 100) throw new Error(`${what} did not start`);
+    await sleep(100);
+  }
+}
+
+export const stopChild = (child: ChildProcess): Promise<void> =>
+  new Promise<void>((done) => (child.exitCode !== null ? done() : (child.once('exit', () => done()), child.kill('SIGTERM'))));
+
 export interface Stack {
   readonly url: string;
   readonly token: string;
@@ -56,18 +79,8 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
   const api = spawn(process.execPath, [...API_NODE_FLAGS, ...extraApiFlags, join(root, 'dist/producer/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
   const worker = spawn(process.execPath, [join(root, 'dist/worker/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
   const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; ; i++) {
-    try {
-      if ((await fetch(`${url}/readyz`)).ok) break;
-    } catch {
-      // not yet
-    }
-    if (i > 100) throw new Error('API did not start');
-    await sleep(100);
-  }
+  await waitForOk(`${url}/readyz`, 'the API');
   await sleep(500); // let the worker connect
-  const stopChild = (child: ChildProcess) =>
-    new Promise<void>((done) => (child.exitCode !== null ? done() : (child.once('exit', () => done()), child.kill('SIGTERM'))));
   return {
     url,
     token,

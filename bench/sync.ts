@@ -1,18 +1,30 @@
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import autocannon from 'autocannon';
 import { makeItems } from './naive.js';
 import { median, type Row } from './report.js';
-import { call, startStack, waitForBatch, type Stack } from './stack.js';
+import { freePort } from '../scripts/local-net.js';
+import { call, cpuSeconds, startStack, stopChild, waitForBatch, waitForOk, type Stack } from './stack.js';
 
 interface Load {
   readonly rps: number;
   readonly p50: number;
   readonly p99: number;
   readonly errors: number;
+  /** Share of one core the server process used while a fixed-length load ran. */
+  readonly serverCpu?: number;
 }
 
-/** One round of the sync section: the three loads, measured in turn. */
+/** The process a load is sent to: the stack's API unless given. */
+interface Server {
+  readonly url: string;
+  readonly pid: number;
+}
+
+/** One round of the sync section: the four loads, measured in turn. */
 interface Round {
+  readonly hello: Load;
   readonly health: Load;
   readonly r1: Load;
   readonly r10: Load;
@@ -33,10 +45,12 @@ const WINDOW_LIMIT_S = 300;
  * and warm, until `end`). autocannon stops only at its next one-second tick, so its own figures
  * would take in up to a second beyond the end.
  */
-async function load(stack: Stack, path: string, span: number | Window, body?: unknown): Promise<Load> {
+async function load(stack: Stack, path: string, span: number | Window, body?: unknown, server: Server = { url: stack.url, pid: stack.api.pid! }): Promise<Load> {
   const window = typeof span === 'number' ? undefined : span;
+  const cpuBefore = cpuSeconds(server.pid);
+  const clock = performance.now();
   const instance = autocannon({
-    url: stack.url + path,
+    url: server.url + path,
     connections: 100,
     duration: window ? WINDOW_LIMIT_S : (span as number),
     method: body ? 'POST' : 'GET',
@@ -45,7 +59,8 @@ async function load(stack: Stack, path: string, span: number | Window, body?: un
   });
   if (!window) {
     const result = await instance;
-    return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx };
+    const serverCpu = (cpuSeconds(server.pid) - cpuBefore) / ((performance.now() - clock) / 1000);
+    return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx, serverCpu };
   }
   // Without a callback autocannon returns a promise that is also the instance (an EventEmitter).
   const tracker = instance as unknown as autocannon.Instance;
@@ -81,31 +96,51 @@ function warmWindow(seconds: number): Window {
   return { start, end: start.then(() => delay(seconds * 1_000)) };
 }
 
+/** A bare fastify hello-world in its own process (bench/hello.ts), listening on loopback. */
+async function startHello(): Promise<Server & { stop(): Promise<void> }> {
+  const port = await freePort();
+  const child = spawn(process.execPath, [join(import.meta.dirname, 'hello.js'), String(port)], { stdio: ['ignore', 'ignore', 'inherit'] });
+  const url = `http://127.0.0.1:${port}`;
+  const stop = () => stopChild(child);
+  await waitForOk(url, 'the hello-world server').catch(async (err: unknown) => {
+    await stop();
+    throw err;
+  });
+  return { url, pid: child.pid!, stop };
+}
+
 /**
- * The sync path under autocannon (100 connections): healthz as the reference, then 1-item and
- * 10-item encrypt, in `rounds` rounds of the three in turn. A shared machine's speed drifts
- * over tens of seconds; measured in turn, each round's ratios compare loads that ran moments
- * apart. Reported: the median round (by the 10-item ratio), with the range over all rounds.
+ * The sync path under autocannon (100 connections): a bare fastify hello-world (the issue's
+ * outside reference: what the machine and the load generator allow at all), healthz as the
+ * reference for our own routes, then 1-item and 10-item encrypt, in `rounds` rounds of the
+ * four in turn. A shared machine's speed drifts over tens of seconds; measured in turn, each
+ * round's ratios compare loads that ran moments apart. Reported: the median round (by the 10-item ratio), with the range over all rounds.
  */
 export async function syncBench(seconds: number, rounds: number): Promise<Row[]> {
   const stack = await startStack();
+  const hello = await startHello().catch(async (err: unknown) => {
+    await stack.stop();
+    throw err;
+  });
   try {
     await call(stack, 'POST', '/v1/keys/bench');
     const one = { items: makeItems(1, 'sync') };
     const ten = { items: makeItems(10, 'sync') };
     await load(stack, '/v1/encrypt/bench', 1, ten); // warm up
+    await load(stack, '/', 1, undefined, hello);
     const measured: Round[] = [];
     for (let round = 0; round < rounds; round++) {
+      const bare = await load(stack, '/', seconds, undefined, hello);
       const health = await load(stack, '/healthz', seconds);
       const r1 = await load(stack, '/v1/encrypt/bench', seconds, one);
       const r10 = await load(stack, '/v1/encrypt/bench', seconds, ten);
-      const errors = health.errors + r1.errors + r10.errors;
+      const errors = bare.errors + health.errors + r1.errors + r10.errors;
       if (errors > 0) throw new Error(`sync bench: ${errors} failed requests`);
-      measured.push({ health, r1, r10 });
+      measured.push({ hello: bare, health, r1, r10 });
     }
     const ratio = (m: Round, r: Load) => r.rps / m.health.rps;
     const byRatio = [...measured].sort((a, b) => ratio(a, a.r10) - ratio(b, b.r10));
-    const { health, r1, r10 } = byRatio[Math.floor((byRatio.length - 1) / 2)]!;
+    const { hello: bare, health, r1, r10 } = byRatio[Math.floor((byRatio.length - 1) / 2)]!;
     /** The range of one figure over the rounds, for the notes (nothing for a single round). */
     const range = (pick: (m: Round) => number, digits: number, unit: string): string | undefined => {
       if (rounds === 1) return undefined;
@@ -113,14 +148,19 @@ export async function syncBench(seconds: number, rounds: number): Promise<Row[]>
       return `${rounds} rounds: ${Math.min(...values).toFixed(digits)}–${Math.max(...values).toFixed(digits)}${unit}`;
     };
     const note = (...parts: Array<string | undefined>) => parts.filter(Boolean).join('; ');
+    const cpu = (l: Load) => `server process ${Math.round(100 * l.serverCpu!)}% of a core`;
     return [
-      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: note(`p50 ${health.p50} ms, p99 ${health.p99} ms`, range((m) => m.health.rps / 1000, 1, 'k req/s')) },
-      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: note(`p50 ${r1.p50} ms, p99 ${r1.p99} ms`, range((m) => ratio(m, m.r1), 2, '×')) },
-      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: note(`p50 ${r10.p50} ms, p99 ${r10.p99} ms`, range((m) => ratio(m, m.r10), 2, '×')) },
+      {
+        section: 'sync', name: 'fastify hello-world, bare, own process (the issue measured ~70k req/s on its machine)', value: bare.rps, unit: 'req/s', reference: health.rps, ratio: bare.rps / health.rps,
+        note: note(`p50 ${bare.p50} ms, p99 ${bare.p99} ms`, cpu(bare), range((m) => m.hello.rps / 1000, 1, 'k req/s'), range((m) => m.hello.p99, 0, ' ms p99')),
+      },
+      { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: note(`p50 ${health.p50} ms, p99 ${health.p99} ms`, cpu(health), range((m) => m.health.rps / 1000, 1, 'k req/s'), range((m) => m.health.p99, 0, ' ms p99')) },
+      { section: 'sync', name: 'encrypt 1 item', value: r1.rps, unit: 'req/s', reference: health.rps, ratio: r1.rps / health.rps, note: note(`p50 ${r1.p50} ms, p99 ${r1.p99} ms`, cpu(r1), range((m) => ratio(m, m.r1), 2, '×')) },
+      { section: 'sync', name: 'encrypt 10 items', value: r10.rps, unit: 'req/s', reference: health.rps, ratio: r10.rps / health.rps, note: note(`p50 ${r10.p50} ms, p99 ${r10.p99} ms`, cpu(r10), range((m) => ratio(m, m.r10), 2, '×')) },
       { section: 'sync', name: 'encrypt 10 items, p99', value: r10.p99, unit: 'ms', note: note(range((m) => m.r10.p99, 0, ' ms')) },
     ];
   } finally {
-    await stack.stop();
+    await Promise.all([stack.stop(), hello.stop()]);
   }
 }
 
