@@ -42,14 +42,14 @@ async function statusOf(client: Client, id: string): Promise<any> {
 
 /** Every item once, in order, and each decrypts back to its original (via a second batch). */
 async function expectExactlyOnce(client: Client, id: string, originals: string[]): Promise<void> {
-  const done = await client.waitForBatch(id, 120_000);
+  const done = await client.waitForBatch(id);
   expect(done).toMatchObject({ status: 'completed', total: originals.length, processed: originals.length, succeeded: originals.length, failed: 0 });
   const lines = await client.results(id);
   expect(lines).toHaveLength(originals.length);
   lines.forEach((l, n) => expect(l.i).toBe(n));
   expect(new Set(lines.map((l) => l.ciphertext)).size).toBe(originals.length);
   const back = await client.uploadNdjson('decrypt', 'serials', lines.map((l) => l.ciphertext!));
-  await client.waitForBatch(back.body.batchId, 120_000);
+  await client.waitForBatch(back.body.batchId);
   expect((await client.results(back.body.batchId)).map((l) => l.plaintext)).toEqual(originals);
 }
 
@@ -59,7 +59,8 @@ function expectNoSecrets(processes: RunningProcess[], secrets: string[]): void {
   for (const s of secrets) expect(logs.includes(s), 'a secret in the logs').toBe(false);
 }
 
-describe('faults', () => {
+// Up to four batch waits per test (50 s each, the client's default) and restarts between them.
+describe('faults', { timeout: 300_000 }, () => {
   it('Redis killed and restarted on its AOF mid-batch: the batch completes with every item exactly once', async () => {
     // One node:crypto thread, one chunk at a time: slow enough to be killed part way.
     const { client, api, worker, admin } = await stack({ KEYFLEET_KERNEL: 'js', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1', CHUNK_ITEMS: '5000', JOB_LOCK_MS: '3000' });

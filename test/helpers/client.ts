@@ -36,8 +36,11 @@ export class Client {
     return { status: res.status, body: await res.json() };
   }
 
-  /** Polls a batch until it reaches a terminal status. */
-  async waitForBatch(id: string, timeoutMs = 90_000): Promise<any> {
+  /**
+   * Polls a batch until it reaches a terminal status. The default wait lets a test wait twice
+   * within vitest's 120 s test timeout, so a stuck batch fails with its status, not a bare timeout.
+   */
+  async waitForBatch(id: string, timeoutMs = 50_000): Promise<any> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       const { body } = await this.json('GET', `/v1/batches/${id}`);
