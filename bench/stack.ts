@@ -24,11 +24,15 @@ export function cpuSeconds(pid: number): number {
   return (Number(fields[11]) + Number(fields[12])) / 100;
 }
 
-/** Waits up to ~10 s for `url` to answer 2xx. */
-export async function waitForOk(url: string, what: string): Promise<void> {
+/**
+ * Waits up to ~10 s for `url` to answer 2xx; fails at once if `child`, the process that should
+ * answer, exits first (a port taken between freePort() and its bind, say).
+ */
+export async function waitForOk(url: string, what: string, child?: ChildProcess): Promise<void> {
   for (let i = 0; ; i++) {
+    if (child && exited(child)) throw new Error(`${what} exited before it answered (${child.exitCode ?? child.signalCode})`);
     try {
-      if ((await fetch(url)).ok) return;
+      if ((await fetch(url, { signal: AbortSignal.timeout(1_000) })).ok) return;
     } catch {
       // not yet
     }
@@ -37,8 +41,20 @@ export async function waitForOk(url: string, what: string): Promise<void> {
   }
 }
 
-export const stopChild = (child: ChildProcess): Promise<void> =>
-  new Promise<void>((done) => (child.exitCode !== null ? done() : (child.once('exit', () => done()), child.kill('SIGTERM'))));
+const exited = (child: ChildProcess): boolean => child.exitCode !== null || child.signalCode !== null;
+
+/** SIGTERM, and SIGKILL if the process is still there after 10 s. */
+export function stopChild(child: ChildProcess): Promise<void> {
+  if (exited(child)) return Promise.resolve();
+  return new Promise<void>((done) => {
+    const kill = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    child.once('exit', () => {
+      clearTimeout(kill);
+      done();
+    });
+    child.kill('SIGTERM');
+  });
+}
 
 export interface Stack {
   readonly url: string;
@@ -79,7 +95,18 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
   const api = spawn(process.execPath, [...API_NODE_FLAGS, ...extraApiFlags, join(root, 'dist/producer/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
   const worker = spawn(process.execPath, [join(root, 'dist/worker/main.js')], { env: common, stdio: ['ignore', 'ignore', 'inherit'] });
   const url = `http://127.0.0.1:${port}`;
-  await waitForOk(`${url}/readyz`, 'the API');
+  const stop = async () => {
+    await Promise.all([stopChild(api), stopChild(worker)]);
+    redis.disconnect();
+    await stopChild(redisServer);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  try {
+    await waitForOk(`${url}/readyz`, 'the API', api);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
   await sleep(500); // let the worker connect
   return {
     url,
@@ -92,12 +119,7 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
       const get = (k: string) => Number(/^(?:\S+):/m.test(info) ? (new RegExp(`^${k}:(\\S+)`, 'm').exec(info)?.[1] ?? 0) : 0);
       return get('used_cpu_sys') + get('used_cpu_user');
     },
-    async stop() {
-      await Promise.all([stopChild(api), stopChild(worker)]);
-      redis.disconnect();
-      await stopChild(redisServer);
-      rmSync(dir, { recursive: true, force: true });
-    },
+    stop,
   };
 }
 

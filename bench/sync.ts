@@ -12,7 +12,7 @@ interface Load {
   readonly p50: number;
   readonly p99: number;
   readonly errors: number;
-  /** Share of one core the server process used while a fixed-length load ran. */
+  /** Share of one core the server process (all its threads) used while a fixed-length load ran. */
   readonly serverCpu?: number;
 }
 
@@ -102,7 +102,7 @@ async function startHello(): Promise<Server & { stop(): Promise<void> }> {
   const child = spawn(process.execPath, [join(import.meta.dirname, 'hello.js'), String(port)], { stdio: ['ignore', 'ignore', 'inherit'] });
   const url = `http://127.0.0.1:${port}`;
   const stop = () => stopChild(child);
-  await waitForOk(url, 'the hello-world server').catch(async (err: unknown) => {
+  await waitForOk(url, 'the hello-world server', child).catch(async (err: unknown) => {
     await stop();
     throw err;
   });
@@ -114,7 +114,8 @@ async function startHello(): Promise<Server & { stop(): Promise<void> }> {
  * outside reference: what the machine and the load generator allow at all), healthz as the
  * reference for our own routes, then 1-item and 10-item encrypt, in `rounds` rounds of the
  * four in turn. A shared machine's speed drifts over tens of seconds; measured in turn, each
- * round's ratios compare loads that ran moments apart. Reported: the median round (by the 10-item ratio), with the range over all rounds.
+ * round's ratios compare loads that ran moments apart. Reported: the median round (by the
+ * 10-item ratio: its figures, ratios and server CPU), with ranges over all rounds.
  */
 export async function syncBench(seconds: number, rounds: number): Promise<Row[]> {
   const stack = await startStack();
@@ -151,7 +152,7 @@ export async function syncBench(seconds: number, rounds: number): Promise<Row[]>
     const cpu = (l: Load) => `server process ${Math.round(100 * l.serverCpu!)}% of a core`;
     return [
       {
-        section: 'sync', name: 'fastify hello-world, bare, own process (the issue measured ~70k req/s on its machine)', value: bare.rps, unit: 'req/s', reference: health.rps, ratio: bare.rps / health.rps,
+        section: 'sync', name: 'fastify hello-world, bare, own process (the issue measured ~70k req/s on its machine; ratio: its req/s over healthz\'s)', value: bare.rps, unit: 'req/s', reference: health.rps, ratio: bare.rps / health.rps,
         note: note(`p50 ${bare.p50} ms, p99 ${bare.p99} ms`, cpu(bare), range((m) => m.hello.rps / 1000, 1, 'k req/s'), range((m) => m.hello.p99, 0, ' ms p99')),
       },
       { section: 'sync', name: 'GET /healthz (reference)', value: health.rps, unit: 'req/s', reference: health.rps, ratio: 1, note: note(`p50 ${health.p50} ms, p99 ${health.p99} ms`, cpu(health), range((m) => m.health.rps / 1000, 1, 'k req/s'), range((m) => m.health.p99, 0, ' ms p99')) },
