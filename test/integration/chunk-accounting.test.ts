@@ -57,7 +57,11 @@ describe('chunk accounting', () => {
     expect(await store.completeChunk(id, 2, outcome(10, 'c again\n'))).toBe('duplicate');
     const record = (await store.get(id))!;
     expect(record).toMatchObject({ status: 'completed', total: 30, processed: 30 });
-    await new Promise((r) => setTimeout(r, 50));
+    // Redis delivers a channel's messages in the order they were published: once a marker sent
+    // after every call above has arrived, so has anything those calls published.
+    await redis.publish(keys.batchEvents(id), 'marker');
+    for (let i = 0; i < 100 && !events.includes('marker'); i++) await new Promise((r) => setTimeout(r, 20));
+    expect(events.at(-1)).toBe('marker');
     expect(events.filter((e) => e === 'completed')).toHaveLength(1);
     await subscriber.unsubscribe();
   });
