@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { freePort } from '../scripts/local-net.js';
+import { freePort, stopChild, waitForOk } from '../scripts/local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 
@@ -22,38 +22,6 @@ export function cpuSeconds(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' '); // fields from the third, state
   return (Number(fields[11]) + Number(fields[12])) / 100;
-}
-
-/**
- * Waits up to ~10 s for `url` to answer 2xx; fails at once if `child`, the process that should
- * answer, exits first (a port taken between freePort() and its bind, say).
- */
-export async function waitForOk(url: string, what: string, child?: ChildProcess): Promise<void> {
-  for (let i = 0; ; i++) {
-    if (child && exited(child)) throw new Error(`${what} exited before it answered (${child.exitCode ?? child.signalCode})`);
-    try {
-      if ((await fetch(url, { signal: AbortSignal.timeout(1_000) })).ok) return;
-    } catch {
-      // not yet
-    }
-    if (i > 100) throw new Error(`${what} did not start`);
-    await sleep(100);
-  }
-}
-
-const exited = (child: ChildProcess): boolean => child.exitCode !== null || child.signalCode !== null;
-
-/** SIGTERM, and SIGKILL if the process is still there after 10 s. */
-export function stopChild(child: ChildProcess): Promise<void> {
-  if (exited(child)) return Promise.resolve();
-  return new Promise<void>((done) => {
-    const kill = setTimeout(() => child.kill('SIGKILL'), 10_000);
-    child.once('exit', () => {
-      clearTimeout(kill);
-      done();
-    });
-    child.kill('SIGTERM');
-  });
 }
 
 export interface Stack {

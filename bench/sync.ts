@@ -4,8 +4,8 @@ import { setTimeout as delay } from 'node:timers/promises';
 import autocannon from 'autocannon';
 import { makeItems } from './naive.js';
 import { median, type Row } from './report.js';
-import { freePort } from '../scripts/local-net.js';
-import { call, cpuSeconds, startStack, stopChild, waitForBatch, waitForOk, type Stack } from './stack.js';
+import { freePort, stopChild, waitForOk } from '../scripts/local-net.js';
+import { call, cpuSeconds, startStack, waitForBatch, type Stack } from './stack.js';
 
 interface Load {
   readonly rps: number;

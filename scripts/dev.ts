@@ -9,7 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { freePort, redisAnswers, waitForRedis } from './local-net.js';
+import { freePort, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const devDir = join(root, '.keyfleet-dev');
@@ -61,29 +61,8 @@ let stopping = false;
 async function stop(code: number): Promise<void> {
   if (stopping) return;
   stopping = true;
-  await Promise.all(
-    children.reverse().map(
-      (child) =>
-        new Promise<void>((done) => {
-          if (child.exitCode !== null || child.signalCode !== null) return done();
-          child.once('exit', () => done());
-          child.kill('SIGTERM');
-        }),
-    ),
-  );
+  await Promise.all(children.reverse().map(stopChild));
   process.exit(code);
-}
-
-async function waitForHealth(url: string): Promise<void> {
-  for (let i = 0; i < 100; i++) {
-    try {
-      if ((await fetch(`${url}/readyz`)).ok) return;
-    } catch {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`the API did not become ready at ${url}`);
 }
 
 const secrets = devSecrets();
@@ -110,10 +89,10 @@ const env: NodeJS.ProcessEnv = {
 };
 for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => void stop(0));
 
-run('api', 'producer/main.js', env, API_NODE_FLAGS);
+const api = run('api', 'producer/main.js', env, API_NODE_FLAGS);
 run('worker', 'worker/main.js', env);
 const url = `http://${host}:${port}`;
-await waitForHealth(url);
+await waitForOk(`${url}/readyz`, 'the API', api);
 
 const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : secrets.token;
 const auth = `-H "Authorization: Bearer ${token}"`;

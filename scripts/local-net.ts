@@ -1,3 +1,4 @@
+import type { ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { Redis } from 'ioredis';
 
@@ -34,4 +35,36 @@ export async function waitForRedis(url: string, timeoutMs: number): Promise<void
     if (Date.now() > deadline) throw new Error(`Redis at ${url} did not answer within ${timeoutMs} ms`);
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+const exited = (child: ChildProcess): boolean => child.exitCode !== null || child.signalCode !== null;
+
+/**
+ * Resolves once `url` answers 2xx, polling for about 10 s; fails at once if `child`, the process
+ * that should answer, exits first (a port taken between freePort() and its bind, say).
+ */
+export async function waitForOk(url: string, what: string, child?: ChildProcess): Promise<void> {
+  for (let i = 0; ; i++) {
+    if (child && exited(child)) throw new Error(`${what} exited before it answered (${child.exitCode ?? child.signalCode})`);
+    try {
+      if ((await fetch(url, { signal: AbortSignal.timeout(1_000) })).ok) return;
+    } catch {
+      // not listening yet
+    }
+    if (i > 100) throw new Error(`${what} did not answer at ${url}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Stops a child process: SIGTERM, and SIGKILL if it is still there after 10 s. */
+export function stopChild(child: ChildProcess): Promise<void> {
+  if (exited(child)) return Promise.resolve();
+  return new Promise<void>((done) => {
+    const kill = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    child.once('exit', () => {
+      clearTimeout(kill);
+      done();
+    });
+    child.kill('SIGTERM');
+  });
 }
