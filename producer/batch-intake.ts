@@ -119,7 +119,7 @@ export class BatchIntake {
     return at;
   }
 
-  /** Adds an item that is not a string; it fails alone, in its place. */
+  /** Adds an item that is not a JSON string (a line that is not JSON, or JSON of another type); it fails alone, in its place. */
   rejectNotString(): void {
     this.#packer.addRejected(ITEM_NOT_STRING);
     this.#counted();
