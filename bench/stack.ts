@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { freePort, stopChild, waitForOk } from '../scripts/local-net.js';
+import { freePort, stopChild, waitForOk, waitForRedis } from '../scripts/local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 
@@ -41,10 +41,15 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
   const redisPort = await freePort();
   const redisServer = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
   const redisUrl = `redis://127.0.0.1:${redisPort}`;
-  // Commands wait in ioredis's offline queue until the server answers.
+  try {
+    await waitForRedis(redisUrl, 10_000);
+  } catch (err) {
+    await stopChild(redisServer);
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
+  }
   const redis = new Redis(redisUrl, { retryStrategy: () => 100, maxRetriesPerRequest: null });
   redis.on('error', () => {});
-  await redis.ping();
   const token = `bench_${randomBytes(16).toString('hex')}`;
   const port = await freePort();
   const common = {
