@@ -33,10 +33,10 @@ const SUITES = {
     nonceBytes: NONCE_BYTES,
     seal: (v: VersionEntry, nonce: Buffer, aad: Buffer, plaintext: Buffer): Buffer => {
       const sealed = Buffer.allocUnsafe(NONCE_BYTES + plaintext.length + TAG_BYTES);
-      gcmSealInto(v.gcmKey, nonce, aad, plaintext, sealed, 0);
+      gcmSealInto(v.secretKey, nonce, aad, plaintext, sealed, 0);
       return sealed;
     },
-    open: (v: VersionEntry, aad: Buffer, sealed: Buffer): Buffer | undefined => gcmOpen(v.gcmKey, aad, sealed),
+    open: (v: VersionEntry, aad: Buffer, sealed: Buffer): Buffer | undefined => gcmOpen(v.secretKey, aad, sealed),
   },
   'xchacha20-poly1305': {
     nonceBytes: XCHACHA_NONCE_BYTES,
@@ -78,7 +78,7 @@ const EMPTY = Buffer.alloc(0);
  */
 export function openItem(ring: KeyRing, text: string, context?: Buffer): OpenOutcome {
   if (ring.type === 'legacy-aes256-cbc') {
-    const plaintext = legacyOpen(ring.latest.material, text);
+    const plaintext = legacyOpen(ring.latest.secretKey, text);
     return plaintext ? { plaintext } : FAILED;
   }
   const parsed = parseCiphertext(text);

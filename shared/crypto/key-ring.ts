@@ -21,13 +21,18 @@ export interface KeyRingData {
   readonly versions: ReadonlyArray<{ readonly version: number; readonly material: Uint8Array }>;
 }
 
-/** One version: its material, its associated data without context, and keys derived on first use. */
+/**
+ * One version: its material, its associated data without context, and node:crypto key objects
+ * made on first use. On Node 24.21 (the images' runtime) a cipher or HMAC made from raw key
+ * bytes took 11–20 µs on the bench machine and one made from a key object 1.4 µs; on Node 20
+ * either took 1.4–2.5 µs.
+ */
 export class VersionEntry {
   readonly version: number;
   readonly material: Uint8Array;
   readonly aad: Buffer;
-  #gcmKey: KeyObject | undefined;
-  #nonceKey: Buffer | undefined;
+  #secretKey: KeyObject | undefined;
+  #nonceKey: KeyObject | undefined;
 
   constructor(name: string, version: number, material: Uint8Array) {
     this.version = version;
@@ -35,13 +40,13 @@ export class VersionEntry {
     this.aad = associatedData(name, version);
   }
 
-  /** A node:crypto key object (cheaper per call than raw bytes). */
-  get gcmKey(): KeyObject {
-    return (this.#gcmKey ??= createSecretKey(this.material));
+  /** The material as a key object (AES-256-GCM, and legacy AES-256-CBC). */
+  get secretKey(): KeyObject {
+    return (this.#secretKey ??= createSecretKey(this.material));
   }
 
   /** The convergent nonce PRF's key. */
-  get nonceKey(): Buffer {
+  get nonceKey(): KeyObject {
     return (this.#nonceKey ??= convergentNonceKey(this.material));
   }
 }

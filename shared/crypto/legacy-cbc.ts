@@ -1,4 +1,4 @@
-import { createDecipheriv } from 'node:crypto';
+import { createDecipheriv, type KeyObject } from 'node:crypto';
 
 const BLOCK = 16;
 const HEX_SHAPE = /^([0-9a-fA-F]{32}):((?:[0-9a-fA-F]{32})+)$/;
@@ -23,7 +23,7 @@ export function parseLegacy(text: string): { iv: Buffer; ciphertext: Buffer } | 
  * no integrity: a tampered ciphertext with valid padding decrypts to garbage; that is why legacy
  * keys only decrypt and rewrap, into an authenticated key.)
  */
-export function legacyOpen(key: Uint8Array, text: string): Buffer | undefined {
+export function legacyOpen(key: KeyObject | Uint8Array, text: string): Buffer | undefined {
   const parsed = parseLegacy(text);
   if (!parsed) return undefined;
   try {

@@ -1,7 +1,7 @@
 import { gcm } from '@noble/ciphers/aes.js';
 import { xchacha20poly1305 } from '@noble/ciphers/chacha.js';
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHmac, hkdfSync, randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -112,6 +112,17 @@ describe('convergent keys', () => {
       // Not convergent: the same input gives a new ciphertext every time.
       const random = ring(type);
       expect(sealItem(random, Buffer.from('SN-1'), nonces)).not.toBe(sealItem(random, Buffer.from('SN-1'), nonces));
+    });
+
+    it(`${type}: the nonce is HMAC-SHA256(HKDF(material), len ‖ context ‖ plaintext), so stored convergent ciphertexts keep matching`, () => {
+      const material = randomBytes(32);
+      const nonceKey = Buffer.from(hkdfSync('sha256', material, Buffer.from('keyfleet-convergent-v1'), 'nonce', 32));
+      const length = Buffer.alloc(4);
+      length.writeUInt32BE('serials'.length);
+      const expected = createHmac('sha256', nonceKey).update(length).update('serials').update('SN-1').digest();
+      const sealed = parseCiphertext(sealItem(ring(type, { convergent: true }, material), Buffer.from('SN-1'), nonces, Buffer.from('serials')))!.sealed;
+      const nonceBytes = type === 'aes256-gcm96' ? 12 : 24;
+      expect(sealed.subarray(0, nonceBytes).toString('hex')).toBe(expected.subarray(0, nonceBytes).toString('hex'));
     });
   }
 });
