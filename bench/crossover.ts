@@ -1,6 +1,6 @@
 import { makeItems } from './naive.js';
 import { median, type Row } from './report.js';
-import { downloadResults, startStack, waitForBatch, type Stack } from './stack.js';
+import { call, downloadResults, send, startStack, uploadBatch, waitForBatch, type Stack } from './stack.js';
 
 async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
   const runs: number[] = [];
@@ -15,22 +15,20 @@ async function timed(fn: () => Promise<void>, reps: number): Promise<number> {
 /** Latency of N items through the sync path vs through a batch (upload, process, download). */
 export async function crossoverBench(sizes: readonly number[], reps: number): Promise<{ rows: Row[]; syncFasterUpTo: number }> {
   const stack: Stack = await startStack({ SYNC_MAX_ITEMS: '100000', MAX_BODY_BYTES: String(64 * 1024 * 1024) });
-  const headers = { authorization: `Bearer ${stack.token}` };
   const rows: Row[] = [];
   let syncFasterUpTo = 0;
   try {
-    await fetch(`${stack.url}/v1/keys/bench`, { method: 'POST', headers });
+    await call(stack, 'POST', '/v1/keys/bench');
     for (const n of sizes) {
       const items = makeItems(n, 'x');
       const json = JSON.stringify({ items, mode: 'sync' });
       const ndjson = items.map((s) => `"${s}"`).join('\n') + '\n';
       const sync = await timed(async () => {
-        const res = await fetch(`${stack.url}/v1/encrypt/bench`, { method: 'POST', headers: { ...headers, 'content-type': 'application/json' }, body: json });
-        await res.arrayBuffer();
+        const status = await send(stack, 'POST', '/v1/encrypt/bench', { type: 'application/json', bytes: json }, () => {});
+        if (status !== 200) throw new Error(`crossover: sync ${n} items answered ${status}`);
       }, reps);
       const async = await timed(async () => {
-        const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { ...headers, 'content-type': 'application/x-ndjson' }, body: ndjson });
-        const { batchId } = (await res.json()) as { batchId: string };
+        const batchId = await uploadBatch(stack, 'op=encrypt&key=bench', ndjson);
         await waitForBatch(stack, batchId);
         await downloadResults(stack, batchId);
       }, reps);

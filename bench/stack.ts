@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
@@ -96,13 +97,42 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
   };
 }
 
-export async function call(stack: Stack, method: string, path: string, body?: unknown): Promise<any> {
-  const res = await fetch(stack.url + path, {
-    method,
-    headers: { authorization: `Bearer ${stack.token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
-    ...(body ? { body: JSON.stringify(body) } : {}),
+/**
+ * One request over node:http; the answer's pieces go to `onPiece` as they arrive, and the status
+ * comes back at its end. The bench is also the client of what it measures, and node:http keeps
+ * that end light: on Node 24, fetch took a million results in 1.5× the time curl took (ad hoc).
+ */
+export function send(stack: Stack, method: string, path: string, body: { type: string; bytes: Buffer | string } | undefined, onPiece: (piece: Buffer) => void): Promise<number> {
+  const headers: Record<string, string | number> = { authorization: `Bearer ${stack.token}` };
+  if (body) {
+    headers['content-type'] = body.type;
+    headers['content-length'] = Buffer.byteLength(body.bytes);
+  }
+  return new Promise((done, fail) => {
+    const req = request(stack.url + path, { method, headers }, (res) => {
+      res.on('data', onPiece);
+      res.on('error', fail);
+      res.on('end', () => done(res.statusCode ?? 0));
+    });
+    req.on('error', fail);
+    req.end(body?.bytes);
   });
-  return res.json();
+}
+
+/** A request with a JSON body, if any; the answer parsed as JSON, whatever its status. */
+export async function call(stack: Stack, method: string, path: string, body?: unknown): Promise<any> {
+  const pieces: Buffer[] = [];
+  await send(stack, method, path, body === undefined ? undefined : { type: 'application/json', bytes: JSON.stringify(body) }, (p) => pieces.push(p));
+  return JSON.parse(Buffer.concat(pieces).toString('utf8'));
+}
+
+/** Uploads NDJSON as a batch (`query`: op, key…); its id. */
+export async function uploadBatch(stack: Stack, query: string, ndjson: Buffer | string): Promise<string> {
+  const pieces: Buffer[] = [];
+  const status = await send(stack, 'POST', `/v1/batches?${query}`, { type: 'application/x-ndjson', bytes: ndjson }, (p) => pieces.push(p));
+  const answer = Buffer.concat(pieces).toString('utf8');
+  if (status !== 202) throw new Error(`batch upload answered ${status}: ${answer.slice(0, 200)}`);
+  return (JSON.parse(answer) as { batchId: string }).batchId;
 }
 
 /** Waits for a batch's final status on its SSE stream (pushed, so no polling load). */
@@ -116,12 +146,12 @@ export async function waitForBatch(stack: Stack, id: string): Promise<any> {
 
 /** Downloads a batch's results, counting lines without holding them. */
 export async function downloadResults(stack: Stack, id: string): Promise<{ lines: number; bytes: number }> {
-  const res = await fetch(`${stack.url}/v1/batches/${id}/results`, { headers: { authorization: `Bearer ${stack.token}` } });
   let lines = 0;
   let bytes = 0;
-  for await (const piece of res.body as unknown as AsyncIterable<Uint8Array>) {
+  const status = await send(stack, 'GET', `/v1/batches/${id}/results`, undefined, (piece) => {
     bytes += piece.length;
     for (let i = piece.indexOf(10); i !== -1; i = piece.indexOf(10, i + 1)) lines++;
-  }
+  });
+  if (status !== 200) throw new Error(`batch ${id}: results answered ${status}`);
   return { lines, bytes };
 }

@@ -5,7 +5,7 @@ import autocannon from 'autocannon';
 import { makeItems } from './naive.js';
 import { median, type Row } from './report.js';
 import { freePort, stopChild, waitForOk } from '../scripts/local-net.js';
-import { call, cpuSeconds, startStack, waitForBatch, type Stack } from './stack.js';
+import { call, cpuSeconds, startStack, uploadBatch, waitForBatch, type Stack } from './stack.js';
 
 interface Load {
   readonly rps: number;
@@ -197,8 +197,7 @@ async function measureIsolation(seconds: number, batchItems: number, { nice, sch
     const idle = await load(stack, '/v1/encrypt/bench', warmWindow(seconds), ten);
     const body = Buffer.from(makeItems(batchItems, 'iso').map((s) => `"${s}"`).join('\n') + '\n');
     const runBatch = async (): Promise<void> => {
-      const res = await fetch(`${stack.url}/v1/batches?op=encrypt&key=bench`, { method: 'POST', headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/x-ndjson' }, body });
-      await waitForBatch(stack, ((await res.json()) as { batchId: string }).batchId);
+      await waitForBatch(stack, await uploadBatch(stack, 'op=encrypt&key=bench', body));
     };
     let batchMs = 0;
     const warm = delay(WARM_MS);
