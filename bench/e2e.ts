@@ -42,9 +42,9 @@ export async function e2eBench(n: number, env: Record<string, string> = {}, labe
 }
 
 /**
- * The upload body and the naive loop's time over the same items. The million item strings go
- * out of scope here, so the bench process, which is also the HTTP client, does not carry them
- * through the run (ad hoc, on Node 24 with fetch as the client: with them held, the results took
+ * The upload body and the naive loop's time over the same items. The item strings go out of
+ * scope here, so the bench process, which is also the HTTP client, does not carry them through
+ * the run (ad hoc, on Node 24 with fetch as the client: with them held, the results took
  * 879–1,302 ms to read, against 420–431 ms for curl).
  */
 function reference(n: number): { body: Buffer; naiveMs: number } {
