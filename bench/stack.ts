@@ -120,20 +120,23 @@ export function send(stack: Stack, method: string, path: string, body: { type: s
   });
 }
 
+/** `send`, with the whole answer as text. */
+async function exchange(stack: Stack, method: string, path: string, body?: { type: string; bytes: Buffer | string }): Promise<{ status: number; text: string }> {
+  const pieces: Buffer[] = [];
+  const status = await send(stack, method, path, body, (p) => pieces.push(p));
+  return { status, text: Buffer.concat(pieces).toString('utf8') };
+}
+
 /** A request with a JSON body, if any; the answer parsed as JSON, whatever its status. */
 export async function call(stack: Stack, method: string, path: string, body?: unknown): Promise<any> {
-  const pieces: Buffer[] = [];
-  await send(stack, method, path, body === undefined ? undefined : { type: 'application/json', bytes: JSON.stringify(body) }, (p) => pieces.push(p));
-  return JSON.parse(Buffer.concat(pieces).toString('utf8'));
+  return JSON.parse((await exchange(stack, method, path, body === undefined ? undefined : { type: 'application/json', bytes: JSON.stringify(body) })).text);
 }
 
 /** Uploads NDJSON as a batch (`query`: op, key…); its id. */
 export async function uploadBatch(stack: Stack, query: string, ndjson: Buffer | string): Promise<string> {
-  const pieces: Buffer[] = [];
-  const status = await send(stack, 'POST', `/v1/batches?${query}`, { type: 'application/x-ndjson', bytes: ndjson }, (p) => pieces.push(p));
-  const answer = Buffer.concat(pieces).toString('utf8');
-  if (status !== 202) throw new Error(`batch upload answered ${status}: ${answer.slice(0, 200)}`);
-  return (JSON.parse(answer) as { batchId: string }).batchId;
+  const { status, text } = await exchange(stack, 'POST', `/v1/batches?${query}`, { type: 'application/x-ndjson', bytes: ndjson });
+  if (status !== 202) throw new Error(`batch upload answered ${status}: ${text.slice(0, 200)}`);
+  return (JSON.parse(text) as { batchId: string }).batchId;
 }
 
 /** Waits for a batch's final status on its SSE stream (pushed, so no polling load). */

@@ -2,17 +2,23 @@ import type { ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { Redis } from 'ioredis';
 
-/** A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench). */
-export function freePort(): Promise<number> {
+/** Listens on `port` of 127.0.0.1 (0: one the system picks) and closes again; the port it had. */
+function listenOnce(port: number): Promise<number> {
   return new Promise((ok, fail) => {
     const server = createServer();
     server.once('error', fail);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => ok(port));
+    server.listen(port, '127.0.0.1', () => {
+      const bound = (server.address() as { port: number }).port;
+      server.close(() => ok(bound));
     });
   });
 }
+
+/** A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench). */
+export const freePort = (): Promise<number> => listenOnce(0);
+
+/** Whether `port` on 127.0.0.1 was free a moment ago. */
+export const portIsFree = (port: number): Promise<boolean> => listenOnce(port).then(() => true, () => false);
 
 /** True when a Redis at `url` answers PING within about a second. */
 export async function redisAnswers(url: string): Promise<boolean> {

@@ -1,1 +1,1 @@
-export { freePort, redisAnswers, waitForRedis } from '../../scripts/local-net.js';
+export { freePort, portIsFree, redisAnswers, waitForRedis } from '../../scripts/local-net.js';

@@ -1,9 +1,8 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { freePort } from './net.js';
+import { freePort, portIsFree } from './net.js';
 
 export interface LocalCluster {
   /** Comma-separated seed URLs, as REDIS_URL takes them with REDIS_CLUSTER=true. */
@@ -48,16 +47,9 @@ async function portWithFreeBus(taken: readonly number[]): Promise<number> {
   const used = new Set(taken.flatMap((p) => [p, p + 10_000]));
   for (;;) {
     const port = await freePort();
-    if (port <= 55_000 && !used.has(port) && !used.has(port + 10_000) && (await canListen(port + 10_000))) return port;
+    if (port <= 55_000 && !used.has(port) && !used.has(port + 10_000) && (await portIsFree(port + 10_000))) return port;
   }
 }
-
-const canListen = (port: number): Promise<boolean> =>
-  new Promise((done) => {
-    const server = createServer();
-    server.once('error', () => done(false));
-    server.listen(port, '127.0.0.1', () => server.close(() => done(true)));
-  });
 
 async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
