@@ -1,5 +1,7 @@
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { describe, expect, it } from 'vitest';
@@ -123,6 +125,36 @@ describe('deploy/Dockerfile', () => {
         expect(Number(major), from).toBeGreaterThanOrEqual(22);
       }
       if (alias) stages.add(alias);
+    }
+  });
+
+  it('builds from what its build stage copies, and the final stage finds what it copies from there', () => {
+    // No Docker engine here: the build stage is replayed in a temp dir. Its COPY sources are
+    // copied in; `npm ci` is stood in for by this checkout's node_modules and native build.
+    const stage = instructions.slice(0, instructions.findIndex((l, i) => i > 0 && /^FROM\s/i.test(l)));
+    const final = instructions.slice(instructions.findLastIndex((l) => /^FROM\s/i.test(l)));
+    const dir = mkdtempSync(join(tmpdir(), 'keyfleet-image-'));
+    try {
+      for (const copy of stage.filter((l) => /^COPY\s/i.test(l))) {
+        const sources = copy.split(/\s+/).slice(1, -1).filter((a) => !a.startsWith('--'));
+        for (const source of sources) cpSync(resolve(root, source), join(dir, source), { recursive: true });
+      }
+      symlinkSync(resolve(root, 'node_modules'), join(dir, 'node_modules'));
+      if (existsSync(resolve(root, 'build'))) cpSync(resolve(root, 'build'), join(dir, 'build'), { recursive: true });
+      expect(stage.some((l) => /^RUN\s.*npm run build\b/.test(l))).toBe(true);
+      const build = spawnSync('npm', ['run', 'build', '--silent'], { cwd: dir, encoding: 'utf8' });
+      expect(build.status, build.stdout + build.stderr).toBe(0);
+      const fromBuild = final.filter((l) => /^COPY\s+(?:--\S+\s+)*--from=build\b/i.test(l)).flatMap((l) => l.split(/\s+/).slice(1, -1).filter((a) => !a.startsWith('--')));
+      expect(fromBuild).toContain('/app/dist');
+      for (const source of fromBuild) {
+        const path = join(dir, source.replace(/^\/app\//, ''));
+        // The native kernel comes from `npm ci`; where this checkout has none, there is nothing to check.
+        if (source.startsWith('/app/build/') && !existsSync(resolve(root, 'build'))) continue;
+        expect(existsSync(path), source).toBe(true);
+      }
+      for (const entry of ['dist/producer/main.js', 'dist/worker/main.js', 'dist/client/cli.js']) expect(existsSync(join(dir, entry)), entry).toBe(true);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 
