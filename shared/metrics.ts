@@ -110,7 +110,7 @@ export class WorkerMetrics extends CryptoMetrics {
   readonly batches: Counter<'event'>;
   readonly chunks: Counter<'outcome'>;
 
-  constructor(registry: Registry, pool: { utilization: number; queueSize: number; threads: number }) {
+  constructor(registry: Registry, pool: { busySeconds: number; queueSize: number; threads: number }) {
     super(registry);
     this.chunkDuration = new Histogram({
       name: 'keyfleet_chunk_duration_seconds',
@@ -134,7 +134,17 @@ export class WorkerMetrics extends CryptoMetrics {
     const poolGauge = (name: string, help: string, read: () => number): void => {
       new Gauge({ name, help, registers: [registry], collect() { this.set(read()); } });
     };
-    poolGauge('keyfleet_worker_pool_utilization', 'Share of thread time spent running chunks since the pool started, 0..1.', () => pool.utilization);
+    let counted = 0;
+    new Counter({
+      name: 'keyfleet_worker_pool_busy_seconds_total',
+      help: 'Thread time spent running chunks, in seconds; its rate over keyfleet_worker_pool_threads is the pool\'s utilisation, 0..1.',
+      registers: [registry],
+      collect() {
+        const busy = pool.busySeconds;
+        this.inc(busy - counted);
+        counted = busy;
+      },
+    });
     poolGauge('keyfleet_worker_pool_queue_size', 'Chunks waiting for a free thread in this worker.', () => pool.queueSize);
     poolGauge('keyfleet_worker_pool_threads', 'Crypto threads in this worker.', () => pool.threads);
   }

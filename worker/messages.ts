@@ -16,26 +16,32 @@ export interface ThreadTask {
 }
 
 /**
- * What a thread answers: one transferable buffer, a 13-byte header
- * [u32le count][u32le succeeded][u32le failed][u8 newerVersionSeen] then the result records
- * (shared/result-codec.ts).
+ * What a thread answers: one transferable buffer, a 21-byte header
+ * [u32le count][u32le succeeded][u32le failed][u8 newerVersionSeen][f64le busyMs] then the
+ * result records (shared/result-codec.ts). busyMs is the thread's own time on the task.
  */
-export const RESULT_HEADER_BYTES = 13;
+export const RESULT_HEADER_BYTES = 21;
 
-export function writeResultHeader(result: Uint8Array, count: number, succeeded: number, failed: number, newerVersionSeen: boolean): void {
+export interface ResultHeader {
+  readonly count: number;
+  readonly succeeded: number;
+  readonly failed: number;
+  readonly newerVersionSeen: boolean;
+  /** Milliseconds the thread spent on the chunk (not the time it waited for a thread). */
+  readonly busyMs: number;
+}
+
+export function writeResultHeader(result: Uint8Array, { count, succeeded, failed, newerVersionSeen, busyMs }: ResultHeader): void {
   const view = new DataView(result.buffer, result.byteOffset, RESULT_HEADER_BYTES);
   view.setUint32(0, count, true);
   view.setUint32(4, succeeded, true);
   view.setUint32(8, failed, true);
   view.setUint8(12, newerVersionSeen ? 1 : 0);
+  view.setFloat64(13, busyMs, true);
 }
 
-export interface DecodedResult {
+export interface DecodedResult extends ResultHeader {
   readonly results: Buffer;
-  readonly count: number;
-  readonly succeeded: number;
-  readonly failed: number;
-  readonly newerVersionSeen: boolean;
 }
 
 export function decodeResult(result: Uint8Array): DecodedResult {
@@ -45,6 +51,7 @@ export function decodeResult(result: Uint8Array): DecodedResult {
     succeeded: buf.readUInt32LE(4),
     failed: buf.readUInt32LE(8),
     newerVersionSeen: buf[12] === 1,
+    busyMs: buf.readDoubleLE(13),
     results: buf.subarray(RESULT_HEADER_BYTES),
   };
 }

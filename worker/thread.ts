@@ -10,6 +10,7 @@ const nonces = new NonceSource();
 let niced = false;
 
 export default function runTask(task: ThreadTask): Uint8Array {
+  const started = performance.now();
   if (!niced) {
     niced = true;
     // The worker process has set its own threads already (worker/main.ts), and threads inherit
@@ -20,6 +21,7 @@ export default function runTask(task: ThreadTask): Uint8Array {
   const ring = new KeyRing(task.ring);
   const target = task.target ? new KeyRing(task.target) : undefined;
   const out = runChunkInto(task.job, task.input, ring, RESULT_HEADER_BYTES, task.kernel, nonces, target);
-  writeResultHeader(out.buffer, out.count, out.succeeded, out.failed, out.newerVersionSeen);
+  const { count, succeeded, failed, newerVersionSeen } = out;
+  writeResultHeader(out.buffer, { count, succeeded, failed, newerVersionSeen, busyMs: performance.now() - started });
   return move(out.buffer) as Uint8Array;
 }

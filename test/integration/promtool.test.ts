@@ -226,6 +226,11 @@ describe.runIf(hasPromtool)('the live /metrics of an API and a worker', () => {
 
   it('passes promtool check metrics for the worker, whose batch items are counted on path="batch"', () => {
     expect(workerMetrics).toMatch(/^keyfleet_items_processed_total\{[^}]*path="batch"[^}]*\} 10$/m);
+    // The threads' busy time is part of each chunk's time, so it is above 0 and at most their sum.
+    const value = (name: string) => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(workerMetrics)?.[1]);
+    const busy = value('keyfleet_worker_pool_busy_seconds_total');
+    expect(busy).toBeGreaterThan(0);
+    expect(busy).toBeLessThanOrEqual(value('keyfleet_chunk_duration_seconds_sum'));
     const run = checkMetrics(workerMetrics);
     expect(run.status, run.output).toBe(0);
     expect(run.output.split('\n').filter((l) => /error/i.test(l))).toEqual([]);
