@@ -10,6 +10,9 @@ export interface WorkerHttpOptions {
   readonly ready: () => Promise<boolean>;
 }
 
+/** A readiness check that has not answered by then is a 503, not a probe left hanging. */
+const READY_TIMEOUT_MS = 1_000;
+
 /** A worker's own small HTTP server: /metrics for Prometheus, /healthz and /readyz for probes. */
 export async function startWorkerHttp({ host, port, registry, ready }: WorkerHttpOptions): Promise<{ server: Server; port: number }> {
   const server = createServer((req, res) => {
@@ -26,9 +29,17 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
     } else if (path === '/healthz') {
       reply(200, 'application/json', '{"status":"ok"}');
     } else if (path === '/readyz') {
+      const notReady = () => reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}');
+      const timer = setTimeout(notReady, READY_TIMEOUT_MS);
       ready().then(
-        (ok) => reply(ok ? 200 : 503, 'application/json', ok ? '{"status":"ready"}' : '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}'),
-        () => reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}'),
+        (ok) => {
+          clearTimeout(timer);
+          if (!res.headersSent) ok ? reply(200, 'application/json', '{"status":"ready"}') : notReady();
+        },
+        () => {
+          clearTimeout(timer);
+          if (!res.headersSent) notReady();
+        },
       );
     } else {
       reply(404, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');

@@ -80,7 +80,8 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     host: config.host,
     port: config.workerMetricsPort,
     registry,
-    ready: async () => !draining && (await redis.ping()) === 'PONG',
+    // A connection that is not up answers at once: the client would queue the PING until Redis is back.
+    ready: async () => !draining && redis.status === 'ready' && (await redis.ping()) === 'PONG',
   });
   logger.info(
     { threads: pool.threads, kernel: resolveKernel(config.kernel), ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },

@@ -145,6 +145,8 @@ describe('faults', { timeout: 300_000 }, () => {
   it('Redis unreachable: the async path answers 503 with Retry-After, then recovers by itself, and the worker reconnects without help', async () => {
     const { client, api, worker, admin } = await stack({});
     expect((await client.uploadNdjson('encrypt', 'serials', ['warm-up'])).status).toBe(202);
+    const workerReady = `http://127.0.0.1:${(JSON.parse(await worker.waitFor(/"msg":"worker started"/)) as { metricsPort: number }).metricsPort}/readyz`;
+    expect((await fetch(workerReady)).status).toBe(200);
 
     await ownRedis.kill();
     const down = await fetch(`${client.base}/v1/batches?op=encrypt&key=serials`, {
@@ -156,6 +158,8 @@ describe('faults', { timeout: 300_000 }, () => {
     expect(((await down.json()) as any).error.code).toBe('KF_REDIS_UNAVAILABLE');
     expect(Number(down.headers.get('retry-after'))).toBeGreaterThan(0);
     expect((await fetch(`${client.base}/readyz`)).status).toBe(503);
+    // The worker's probe answers too, rather than hanging until Redis is back.
+    expect((await fetch(workerReady, { signal: AbortSignal.timeout(5_000) })).status).toBe(503);
     await sleep(2_000);
     await ownRedis.start();
 
@@ -167,6 +171,12 @@ describe('faults', { timeout: 300_000 }, () => {
     }
     expect(accepted?.status).toBe(202);
     expect((await fetch(`${client.base}/readyz`)).status).toBe(200);
+    let workerStatus = 0;
+    for (let i = 0; i < 50 && workerStatus !== 200; i++) {
+      if (i > 0) await sleep(200);
+      workerStatus = (await fetch(workerReady)).status;
+    }
+    expect(workerStatus).toBe(200);
     await expectExactlyOnce(client, accepted!.body.batchId, originals);
     expectNoSecrets([api, worker], [admin.token, originals[0]!]);
   });
