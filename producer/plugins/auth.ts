@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
+import type { KeyType } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import type { Principal, Scope, TokenVerifier } from '../../shared/tokens.js';
 import { DOCS_PATH } from './docs.js';
@@ -72,6 +73,17 @@ export function requireScope(request: FastifyRequest, ...anyOf: Scope[]): Princi
 }
 
 export const hasScope = (principal: Principal, ...anyOf: Scope[]): boolean => anyOf.some((s) => principal.scopes.has(s));
+
+/**
+ * Rewrapping out of a legacy CBC key needs the decrypt scope as well. CBC has no integrity, so
+ * whether a rewrap of a doctored ciphertext succeeds tells whether its padding held: a padding
+ * oracle that reads the plaintext byte by byte. A rewrap-only token must not be a way to read it.
+ */
+export function requireRewrapSource(request: FastifyRequest, source: KeyType): void {
+  if (source === 'legacy-aes256-cbc' && !hasScope(principalOf(request), 'decrypt')) {
+    throw new KeyfleetError('KF_FORBIDDEN', 'rewrapping out of a legacy-aes256-cbc key needs the decrypt scope as well as rewrap');
+  }
+}
 
 const forbidden = (anyOf: readonly Scope[]): KeyfleetError => new KeyfleetError('KF_FORBIDDEN', `the token lacks the ${anyOf.join(' or ')} scope`);
 

@@ -12,7 +12,7 @@ import { submitBatch } from '../batch-submit.js';
 import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
-import { principalOf, requireScope } from '../plugins/auth.js';
+import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
 import { streamBatchEvents } from '../sse.js';
 
 const NDJSON = 'application/x-ndjson';
@@ -36,6 +36,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   r.post('/v1/batches', { config: { scope: 'batches' }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
+    if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
     const body = request.body as AsyncIterable<Buffer> | undefined;
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);

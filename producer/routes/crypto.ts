@@ -5,7 +5,7 @@ import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
-import { principalOf } from '../plugins/auth.js';
+import { principalOf, requireRewrapSource } from '../plugins/auth.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
 
@@ -37,6 +37,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
       checkTargetKey(op, key, targetKey);
+      if (op === 'rewrap') requireRewrapSource(request, (await keyCache.get(tenant, key)).type);
       if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
       const { texts, contexts, perItemContext } = normalise(items, context);
       if (goAsync && perItemContext) {

@@ -19,7 +19,8 @@ export function parseLegacy(text: string): { iv: Buffer; ciphertext: Buffer } | 
 
 /**
  * Decrypts a legacy ciphertext. Every failure — shape, length, padding — is the same undefined:
- * the caller answers the one uniform KF_DECRYPT_FAILED, so there is no padding oracle. (CBC has
+ * the caller answers the one uniform KF_DECRYPT_FAILED. Success or failure is still a padding
+ * oracle, which is why opening one needs the decrypt scope (producer/plugins/auth.ts). (CBC has
  * no integrity: a tampered ciphertext with valid padding decrypts to garbage; that is why legacy
  * keys only decrypt and rewrap, into an authenticated key.)
  */

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createCipheriv, randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -82,6 +82,33 @@ describe('key types, context and convergent keys', () => {
     expect(noBatchContext.json().error.code).toBe('KF_CONTEXT_REQUIRED');
     // Changing the key's convergence under the same name is refused.
     expect((await call(app, admin, 'POST', '/v1/keys/serial-index', { convergent: false })).statusCode).toBe(409);
+  });
+});
+
+describe('legacy CBC keys and the rewrap scope', () => {
+  it('rewrapping out of a legacy key needs the decrypt scope too: a rewrap-only token would read plaintexts through a padding oracle', async () => {
+    const made = testEnv();
+    const rewrapOnly = { tenant: made.admin.tenant, token: `tok_${randomBytes(16).toString('hex')}` };
+    const app = await api({ ...made.env, KEYFLEET_TOKENS: `${made.env['KEYFLEET_TOKENS']},${rewrapOnly.tenant}:${rewrapOnly.token}:rewrap+keys+batches` });
+    const { admin } = made;
+    const material = randomBytes(32);
+    expect((await call(app, admin, 'POST', '/v1/keys/old/import', { type: 'legacy-aes256-cbc', material: material.toString('base64') })).statusCode).toBe(201);
+    expect((await call(app, admin, 'POST', '/v1/keys/new')).statusCode).toBe(201);
+    const iv = randomBytes(16);
+    const cipher = createCipheriv('aes-256-cbc', material, iv);
+    const legacy = `${iv.toString('hex')}:${Buffer.concat([cipher.update('PIN-0042'), cipher.final()]).toString('hex')}`;
+
+    const sync = await call(app, rewrapOnly, 'POST', '/v1/rewrap/old', { items: [legacy], targetKey: 'new' });
+    expect(sync.statusCode).toBe(403);
+    expect(sync.json().error).toMatchObject({ code: 'KF_FORBIDDEN', message: expect.stringMatching(/decrypt scope/) });
+    const batch = await call(app, rewrapOnly, 'POST', '/v1/batches?op=rewrap&key=old&targetKey=new', `"${legacy}"\n`, { 'content-type': 'application/x-ndjson' });
+    expect(batch.statusCode).toBe(403);
+    expect(batch.json().error.code).toBe('KF_FORBIDDEN');
+
+    // A token with decrypt rewraps out of it; a rewrap-only token still rewraps authenticated keys.
+    const moved = await results(app, admin, 'rewrap', 'old', { items: [legacy], targetKey: 'new' });
+    expect(await results(app, admin, 'decrypt', 'new', { items: [moved[0]!.ciphertext!] })).toEqual([{ plaintext: 'PIN-0042' }]);
+    expect((await results(app, rewrapOnly, 'rewrap', 'new', { items: [moved[0]!.ciphertext!] }))[0]!.ciphertext).toMatch(/^kf:v1:/);
   });
 });
 
