@@ -40,22 +40,28 @@ export class KeyPolicy {
     this.#logger = logger;
   }
 
-  /** The ring to encrypt under, after any rotation that is due. */
-  async forEncryption(tenant: string, name: string): Promise<KeyRing> {
-    let key = await this.#cache.loaded(tenant, name);
+  /**
+   * The ring to encrypt under, after any rotation that is due: sealing under the latest
+   * version, or under `version` when the caller pins one. Either way the version that seals is
+   * the one whose budget is checked (and counted, by `counted`). `fresh` reloads the key first.
+   */
+  async forEncryption(tenant: string, name: string, { version, fresh = false }: { version?: number; fresh?: boolean } = {}): Promise<KeyRing> {
+    let key = await this.#cache.loaded(tenant, name, { fresh });
     if (key.ring.type === 'legacy-aes256-cbc') {
       throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy-aes256-cbc key only decrypts and rewraps (into another key with targetKey)');
     }
-    const used = this.#used(tenant, name, key.ring.latestVersion, key.latestEncryptions);
+    const latest = key.ring.latestVersion;
+    const used = this.#used(tenant, name, latest, key.encryptions.get(latest) ?? 0);
     const periodDue = key.autoRotatePeriod > 0 && Date.now() - key.latestCreatedMs >= key.autoRotatePeriod * 1000;
     const budgetDue = budgeted(key.ring) && this.#policy.rotateShare > 0 && used >= this.#policy.rotateShare * this.#policy.limit;
     if (periodDue || budgetDue) {
-      await this.#rotate(tenant, name, key.ring.latestVersion, periodDue ? 'period' : 'nonce_budget');
+      await this.#rotate(tenant, name, latest, periodDue ? 'period' : 'nonce_budget');
       key = await this.#cache.loaded(tenant, name, { fresh: true });
     }
-    const latestUsed = this.#used(tenant, name, key.ring.latestVersion, key.latestEncryptions);
-    if (budgeted(key.ring) && latestUsed >= this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
-    return key.ring;
+    const ring = version === undefined ? key.ring : pinned(key.ring, version);
+    const sealingUsed = this.#used(tenant, name, ring.latestVersion, key.encryptions.get(ring.latestVersion) ?? 0);
+    if (budgeted(ring) && sealingUsed >= this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
+    return ring;
   }
 
   /** Counts `count` encryptions under `ring`'s latest version; never throws (counting must not fail the work done). */
@@ -113,6 +119,15 @@ export class KeyPolicy {
 
   #id(tenant: string, name: string, version: number): string {
     return `${tenant}\u0000${name}\u0000${version}`;
+  }
+}
+
+/** The ring sealing under a caller's keyVersion, or a clear 400. */
+function pinned(ring: KeyRing, version: number): KeyRing {
+  try {
+    return ring.pinned(version);
+  } catch {
+    throw new KeyfleetError('KF_KEY_VERSION_INVALID', `keyVersion must be between minEncryptionVersion (${ring.minEncryptionVersion}) and the latest version (${ring.latestVersion}) of a version that still exists`);
   }
 }
 

@@ -86,8 +86,8 @@ export interface CreateKeyOptions {
 /** A loaded key: its ring, and what the encrypt path checks before using it. */
 export interface LoadedKey {
   readonly ring: KeyRing;
-  /** Encryptions counted under the latest version (nonce budget). */
-  readonly latestEncryptions: number;
+  /** Encryptions counted under each version (nonce budget); a version never counted is absent. */
+  readonly encryptions: ReadonlyMap<number, number>;
   /** When the latest version was made (ms since the epoch). */
   readonly latestCreatedMs: number;
   /** Rotate after this many seconds (0: never). */
@@ -219,7 +219,9 @@ export class KeyStore {
     const fields = await this.#redis.hgetall(this.#keys.key(tenant, name));
     if (!fields['type']) return undefined;
     const versions: Array<{ version: number; material: Buffer }> = [];
+    const encryptions = new Map<number, number>();
     for (const [field, value] of Object.entries(fields)) {
+      if (field.startsWith('n:')) encryptions.set(Number(field.slice(2)), Number(value));
       if (!field.startsWith('m:')) continue;
       const version = Number(field.slice(2));
       try {
@@ -242,7 +244,7 @@ export class KeyStore {
     });
     return {
       ring,
-      latestEncryptions: Number(fields[`n:${latest}`] ?? 0),
+      encryptions,
       latestCreatedMs: Number(fields[`c:${latest}`] ?? Date.parse(fields['createdAt'] ?? '')),
       autoRotatePeriod: Number(fields['arp'] ?? 0),
     };

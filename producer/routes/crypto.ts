@@ -58,19 +58,22 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
           return jsonAnswer(202, { batchId, status: 'queued', total });
         }
         // Encrypt and same-key rewrap seal under the key's latest version (rotated first when
-        // due); a rewrap with targetKey opens with this key and seals under the target.
-        let ring = op === 'decrypt' || targetKey ? await keyCache.get(tenant, key) : await keyPolicy.forEncryption(tenant, key);
-        if (keyVersion !== undefined) ring = pin(ring, keyVersion);
+        // due) or the pinned keyVersion; a rewrap with targetKey opens with this key and seals
+        // under the target.
+        const ringOf = (fresh: boolean): Promise<KeyRing> =>
+          op === 'decrypt' || targetKey ? keyCache.get(tenant, key, { fresh }) : keyPolicy.forEncryption(tenant, key, { version: keyVersion, fresh });
+        let ring = await ringOf(false);
         const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey) : undefined;
-        const sealing = op === 'decrypt' ? undefined : (target ?? ring);
-        if (sealing?.convergent && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
+        if ((target ?? ring).convergent && op !== 'decrypt' && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
         const syncRequest = { op, items: texts, encoding, maxItemBytes, ...(contexts ? { contexts } : {}), ...(target ? { target } : {}) };
         let outcome = runSync(syncRequest, ring, kernel);
         if (outcome.newerVersionSeen) {
-          // Some ciphertexts name a version this process has not seen: a rotation elsewhere.
-          ring = await keyCache.get(tenant, key, { fresh: true });
+          // Some ciphertexts name a version this process has not seen: a rotation elsewhere. A
+          // same-key rewrap then seals under that newer version, and counts against it.
+          ring = await ringOf(true);
           outcome = runSync(syncRequest, ring, kernel);
         }
+        const sealing = op === 'decrypt' ? undefined : (target ?? ring);
         if (sealing) keyPolicy.counted(tenant, sealing, outcome.succeeded);
         metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
         // The body is already JSON, written by the kernel; fastify sends a Buffer as it is,
@@ -93,13 +96,4 @@ function normalise(items: readonly CryptoItem[], context: string | undefined): {
   const texts = items.map((i) => (typeof i === 'string' ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
   const contexts = items.map((i) => (typeof i === 'string' ? context : (i.context ?? context)));
   return { texts, contexts, perItemContext: items.some((i) => typeof i !== 'string' && i.context !== undefined) };
-}
-
-/** The ring sealing under a caller's keyVersion, or a clear 400. */
-function pin(ring: KeyRing, keyVersion: number): KeyRing {
-  try {
-    return ring.pinned(keyVersion);
-  } catch {
-    throw new KeyfleetError('KF_KEY_VERSION_INVALID', `keyVersion must be between minEncryptionVersion (${ring.minEncryptionVersion}) and the latest version (${ring.latestVersion}) of a version that still exists`);
-  }
 }

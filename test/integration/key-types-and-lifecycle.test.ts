@@ -152,9 +152,29 @@ describe('nonce budget and automatic rotation', () => {
     expect(refused.statusCode).toBe(409);
     expect(refused.json().error.code).toBe('KF_NONCE_BUDGET_EXHAUSTED');
     expect((await results(app, admin, 'decrypt', 'capped', { items: [sealed[0]!.ciphertext!] }))[0]!.plaintext).toBe('x');
-    // A rotation gives the key a fresh budget.
+    // A rotation gives the key a fresh budget; pinning the spent version does not get round it.
     await call(app, admin, 'POST', '/v1/keys/capped/rotate');
     expect((await results(app, admin, 'encrypt', 'capped', { items: ['one more'] }))[0]!.ciphertext).toMatch(/^kf:v2:/);
+    const pinned = await call(app, admin, 'POST', '/v1/encrypt/capped', { items: ['one more'], keyVersion: 1 });
+    expect(pinned.statusCode).toBe(409);
+    expect(pinned.json().error.code).toBe('KF_NONCE_BUDGET_EXHAUSTED');
+    expect(await redis.hget(hash, 'n:1')).toBe('5');
+  });
+
+  it('a rewrap that meets a version rotated in by another API seals under that version and counts against it', async () => {
+    const { env, admin } = testEnv();
+    const [a, b] = [await api(env), await api(env)];
+    const hash = `${env['KEYFLEET_PREFIX']}:key:acme:moving`;
+    await call(a, admin, 'POST', '/v1/keys/moving');
+    await results(a, admin, 'encrypt', 'moving', { items: ['x'] }); // API a now holds version 1
+    await call(b, admin, 'POST', '/v1/keys/moving/rotate');
+    const v2 = (await results(b, admin, 'encrypt', 'moving', { items: ['y'] }))[0]!.ciphertext!;
+    for (let i = 0; i < 100 && (await redis.hget(hash, 'n:2')) !== '1'; i++) await sleep(20);
+    expect(await redis.hget(hash, 'n:1')).toBe('1');
+
+    expect((await results(a, admin, 'rewrap', 'moving', { items: [v2] }))[0]!.ciphertext).toMatch(/^kf:v2:/);
+    for (let i = 0; i < 100 && (await redis.hget(hash, 'n:2')) !== '2'; i++) await sleep(20);
+    expect([await redis.hget(hash, 'n:1'), await redis.hget(hash, 'n:2')]).toEqual(['1', '2']);
   });
 
   it('rotates a key whose autoRotatePeriod has passed before its next encryption', async () => {
