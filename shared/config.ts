@@ -155,14 +155,25 @@ export class ConfigError extends Error {
   override name = 'ConfigError';
 }
 
-/** Parses the environment once into a frozen config; fails naming each bad variable and what was expected. */
-export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+/** Variables whose values are secrets: an error names their shape, never their content. */
+const SECRET_VARIABLES = new Set(['KEYFLEET_MASTER_KEY', 'KEYFLEET_MASTER_KEY_PREVIOUS', 'KEYFLEET_TOKENS', 'WEBHOOK_SECRET']);
+
+/** A value as an error may show it: Redis URLs without user and password (up to each URL's last @). */
+const shown = (name: string, value: string | undefined): string =>
+  JSON.stringify(name === 'REDIS_URL' && value ? value.split(',').map((url) => url.replace(/\/\/.*@/, '//…@')).join(',') : value);
+
+/**
+ * Parses the environment once into a frozen config; fails naming each bad variable and what was
+ * expected. An empty variable counts as unset (`VAR=` in an env file, compose's `${VAR:-}`): its
+ * default applies, rather than an empty string read as 0.
+ */
+export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
+  const env = Object.fromEntries(Object.entries(given).filter(([, value]) => value !== undefined && value.trim() !== ''));
   const parsed = envSchema.safeParse(env);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {
       const name = issue.path.join('.');
-      const shown = name.startsWith('KEYFLEET_MASTER_KEY') || name === 'KEYFLEET_TOKENS' || name === 'WEBHOOK_SECRET' ? '' : ` (got ${JSON.stringify(env[name])})`;
-      return `${name}: ${issue.message}${shown}`;
+      return `${name}: ${issue.message}${SECRET_VARIABLES.has(name) ? '' : ` (got ${shown(name, env[name])})`}`;
     });
     throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
   }

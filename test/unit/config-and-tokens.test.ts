@@ -31,6 +31,20 @@ describe('configuration', () => {
     expect(tokenError).not.toContain('short-secret');
     expect(loadConfig({ KEYFLEET_MASTER_KEY: masterKey }).masterKey?.length).toBe(32);
   });
+
+  it('never echoes the password of a bad REDIS_URL, but shows the rest', () => {
+    const error = (() => { try { loadConfig({ REDIS_URL: 'redis://app:Sup3rSecretPw@redis.internal:6379 ' }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(error).toMatch(/REDIS_URL: expected a redis:\/\/ .*redis\.internal:6379/);
+    expect(error).not.toContain('Sup3rSecretPw');
+    const odd = (() => { try { loadConfig({ REDIS_URL: 'redis://:p@ss/w0rd@h1:6379,redis://:p@ss/w0rd@h2 x' }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(odd).toMatch(/REDIS_URL: .*h1:6379/);
+    expect(odd).not.toMatch(/ss\/w0rd/);
+  });
+
+  it('reads an empty variable as unset: its default applies, not 0', () => {
+    expect(loadConfig({ PORT: '', SYNC_RATE_LIMIT: ' ', CHUNK_ITEMS: '' })).toMatchObject({ port: 8080, syncRateLimit: 5_000, chunkItems: 10_000 });
+    expect(loadConfig({ SYNC_RATE_LIMIT: '0' }).syncRateLimit).toBe(0);
+  });
 });
 
 describe('tokens', () => {
