@@ -14,12 +14,20 @@ export interface RedisRole {
   readonly role: 'api' | 'worker' | 'subscriber' | 'tool';
 }
 
+/**
+ * How long the API waits for any one Redis reply. A Redis that keeps the connection but stops
+ * answering (paused, a partition without resets) would otherwise hold every request for ever;
+ * healthy replies, even a chunk's pipelined writes, come back in milliseconds.
+ */
+const API_COMMAND_TIMEOUT_MS = 2_000;
+
 /** One place that turns the configuration into a client, single server or cluster alike. */
 export function createRedis(target: RedisTarget, { role }: RedisRole): Redis {
   const options: RedisOptions = {
     connectionName: `keyfleet-${role}`,
     // The API fails a request fast when Redis is gone (503) instead of queueing it for ever.
     maxRetriesPerRequest: role === 'api' ? 2 : null,
+    ...(role === 'api' ? { commandTimeout: API_COMMAND_TIMEOUT_MS } : {}),
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
   };
   const urls = target.redisUrl.split(',').map((u) => u.trim()).filter(Boolean);

@@ -11,10 +11,11 @@ const FASTIFY_CODES: Record<string, ErrorCode> = {
   FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'KF_BAD_REQUEST',
 };
 
-// ioredis gives up on a command with MaxRetriesPerRequestError while it reconnects; the others
-// are the socket's own failures.
+// ioredis gives up on a command with MaxRetriesPerRequestError while it reconnects, and with
+// "Command timed out" when a connected Redis does not answer (commandTimeout); the others are
+// the socket's own failures.
 const isRedisDown = (err: Error): boolean =>
-  err.name === 'MaxRetriesPerRequestError' || /ECONNREFUSED|ECONNRESET|Connection is closed|max retries per request|Stream isn't writeable|ETIMEDOUT/i.test(err.message);
+  err.name === 'MaxRetriesPerRequestError' || /ECONNREFUSED|ECONNRESET|Connection is closed|max retries per request|Stream isn't writeable|ETIMEDOUT|Command timed out/i.test(err.message);
 
 /** Turns every error into `{"error": {"code", "message"}}` with a catalogue status; 5xx never carry detail. */
 export const errorsPlugin = fp(async (app: FastifyInstance) => {

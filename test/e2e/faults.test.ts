@@ -181,6 +181,36 @@ describe('faults', { timeout: 300_000 }, () => {
     expectNoSecrets([api, worker], [admin.token, originals[0]!]);
   });
 
+  it('Redis stalled (connections open, no answers): requests answer 503 within seconds instead of hanging, the sync path still encrypts with a cached key, and all recovers', async () => {
+    const { client, admin } = await stack({ KEY_CACHE_TTL_MS: '60000' });
+    const encrypt = () =>
+      fetch(`${client.base}/v1/encrypt/serials`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ items: ['stalled-1'] }),
+        signal: AbortSignal.timeout(20_000),
+      });
+    expect((await encrypt()).status).toBe(200); // the key is now cached
+
+    ownRedis.pause();
+    try {
+      // The rate limiter's count times out and lets the request through; the key is cached.
+      expect((await encrypt()).status).toBe(200);
+      const keys = await fetch(`${client.base}/v1/keys/serials`, { headers: { authorization: `Bearer ${admin.token}` }, signal: AbortSignal.timeout(20_000) });
+      expect(keys.status).toBe(503);
+      expect(((await keys.json()) as any).error.code).toBe('KF_REDIS_UNAVAILABLE');
+      expect(Number(keys.headers.get('retry-after'))).toBeGreaterThan(0);
+    } finally {
+      ownRedis.resume();
+    }
+    let status = 0;
+    for (let i = 0; i < 50 && status !== 200; i++) {
+      if (i > 0) await sleep(200);
+      status = (await client.json('GET', '/v1/keys/serials')).status;
+    }
+    expect(status).toBe(200);
+  });
+
   it('a poison chunk (it fails on every attempt) ends its batch failed with the reason; other batches are unaffected', async () => {
     const { env, admin } = testEnv({ CHUNK_ITEMS: '100', JOB_ATTEMPTS: '2' });
     const app: FastifyInstance = await buildApp({ config: configFrom(env) });

@@ -11,6 +11,10 @@ export interface OwnRedis {
   kill(): Promise<void>;
   /** Starts it again on the same port and data directory; resolves once it answers. */
   start(): Promise<void>;
+  /** Stops it answering while its connections stay open (SIGSTOP), as a hung server or a partition. */
+  pause(): void;
+  /** Lets a paused server go on (SIGCONT). */
+  resume(): void;
   /** Stops it and removes its data. */
   close(): Promise<void>;
 }
@@ -38,7 +42,10 @@ export async function startOwnRedis(): Promise<OwnRedis> {
     url,
     kill,
     start,
+    pause: () => void server?.kill('SIGSTOP'),
+    resume: () => void server?.kill('SIGCONT'),
     async close() {
+      server?.kill('SIGCONT');
       await kill();
       rmSync(dir, { recursive: true, force: true });
     },
