@@ -8,7 +8,7 @@ import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
-import { createChunkQueue } from '../shared/queue.js';
+import { createChunkQueue, createWebhookQueue } from '../shared/queue.js';
 import type { Logger } from '../shared/logger.js';
 import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
 import { WebhookSender } from '../shared/webhooks.js';
@@ -45,7 +45,8 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer });
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
-  const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
+  // The API only enqueues webhooks; worker processes send them.
+  const webhooks = new WebhookSender(createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds }), { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
   const metrics = new ApiMetrics(registry);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);

@@ -22,3 +22,33 @@ export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts 
   };
   return new Queue<ChunkJobData>(keys.queueName, { connection, prefix: keys.prefix, defaultJobOptions });
 }
+
+export const WEBHOOK_JOB = 'webhook';
+
+/** A webhook delivery job: the batch only; the status and callbackUrl are read from its record when sent. */
+export interface WebhookJobData {
+  readonly batchId: string;
+}
+
+/**
+ * One delivery job per batch, whoever enqueues it: BullMQ ignores an add whose job id exists.
+ * The suffix keeps the id from ever being all digits (BullMQ refuses integer-like custom ids).
+ */
+export const webhookJobId = (batchId: string): string => `${batchId}.webhook`;
+
+export interface WebhookQueueOptions {
+  /**
+   * How long finished delivery jobs are kept (RESULT_TTL_SECONDS). The kept job id is what stops a
+   * second delivery of the same batch (a DELETE after completion calls deliver again), so it must
+   * outlive the batch record: bounded by age, not by count.
+   */
+  readonly keepSeconds: number;
+}
+
+export function createWebhookQueue(connection: Redis, keys: RedisKeys, { keepSeconds }: WebhookQueueOptions): Queue<WebhookJobData> {
+  const defaultJobOptions: JobsOptions = {
+    removeOnComplete: { age: keepSeconds },
+    removeOnFail: { age: keepSeconds },
+  };
+  return new Queue<WebhookJobData>(keys.webhookQueueName, { connection, prefix: keys.prefix, defaultJobOptions });
+}

@@ -55,6 +55,8 @@ export class RedisKeys {
   readonly prefix: string;
   /** The BullMQ queue of chunks; BullMQ puts its own keys under `${prefix}:chunks:*`. */
   readonly queueName = 'chunks';
+  /** The BullMQ queue of webhook deliveries (one job per batch), under `${prefix}:webhooks:*`: the same slot. */
+  readonly webhookQueueName = 'webhooks';
 
   constructor(prefix: string) {
     this.prefix = prefix;

@@ -1,7 +1,9 @@
-import { setTimeout as sleep } from 'node:timers/promises';
+import { UnrecoverableError, Worker, type Job, type Queue } from 'bullmq';
 import { publicStatus, type BatchStore } from './batch-store.js';
 import { KeyfleetError } from './errors.js';
 import type { Logger } from './logger.js';
+import { WEBHOOK_JOB, webhookJobId, type WebhookJobData } from './queue.js';
+import type { Redis, RedisKeys } from './redis.js';
 import { TERMINAL_STATUSES } from './schemas.js';
 import { SIGNATURE_HEADER, signWebhook } from './webhook-signature.js';
 
@@ -11,13 +13,19 @@ export interface WebhookOptions {
   /** WEBHOOK_ALLOWED_HOSTS: host names (or `*.example.com`) callbacks may go to; empty = any. */
   readonly allowedHosts: readonly string[];
   readonly logger: Logger;
-  /** Attempts per delivery (default 6: about a minute of backoff). */
+  /** Attempts per delivery (default 6: about a minute of backoff); set on the job by whoever enqueues it. */
   readonly attempts?: number;
-  /** The first backoff, doubling after each failure (default 1 s). */
+  /** The first backoff, doubling after each failure (default 1 s); set on the job by whoever enqueues it. */
   readonly baseDelayMs?: number;
-  /** Time allowed for one attempt (default 5 s). */
+  /** Time allowed for one attempt (default 5 s); used by the process that sends. */
   readonly timeoutMs?: number;
 }
+
+const DEFAULT_ATTEMPTS = 6;
+const DEFAULT_BASE_DELAY_MS = 1_000;
+const DEFAULT_TIMEOUT_MS = 5_000;
+/** Deliveries in flight per worker process: each mostly waits on a receiver, so a few are cheap. */
+const DEFAULT_CONCURRENCY = 4;
 
 /** Checks a caller's callbackUrl: http(s) only, no credentials, and a host on the allow-list. */
 export function checkCallbackUrl(text: string, { secret, allowedHosts }: Pick<WebhookOptions, 'secret' | 'allowedHosts'>): string {
@@ -38,75 +46,127 @@ export function checkCallbackUrl(text: string, { secret, allowedHosts }: Pick<We
 }
 
 /**
- * Delivers a batch's final status to its callbackUrl, signed (Keyfleet-Signature), retried with
- * backoff on network errors, 429 and 5xx, never following redirects. Whichever process sees a
- * batch end calls `deliver`; a claim in Redis makes one of them send it.
+ * Enqueues a batch's webhook. Whichever process sees a batch end calls `deliver`; the job id,
+ * derived from the batch id, makes one delivery of it. The job lives in Redis, so its retries
+ * survive the process that enqueued it and the one that made the last attempt.
  */
 export class WebhookSender {
+  readonly #queue: Queue<WebhookJobData>;
   readonly #options: WebhookOptions;
   readonly #inFlight = new Set<Promise<void>>();
-  readonly #closing = new AbortController();
+  #closing = false;
 
-  constructor(options: WebhookOptions) {
+  /** Takes over `queue` (createWebhookQueue): `close()` closes it. */
+  constructor(queue: Queue<WebhookJobData>, options: WebhookOptions) {
+    this.#queue = queue;
     this.#options = options;
   }
 
-  /** Starts the delivery for a batch that has ended (no-op without a callbackUrl); never throws. */
+  /** Enqueues the delivery for a batch that has ended (no-op without a callbackUrl); never throws. */
   deliver(batches: BatchStore, batchId: string): void {
-    if (!this.#options.secret || this.#closing.signal.aborted) return;
-    const run = this.#deliver(batches, batchId).catch((err: Error) => this.#options.logger.warn({ batchId, err: { message: err.message } }, 'webhook not delivered'));
+    if (!this.#options.secret || this.#closing) return;
+    const run = this.#enqueue(batches, batchId).catch((err: Error) => this.#options.logger.warn({ batchId, err: { message: err.message } }, 'webhook not delivered'));
     this.#inFlight.add(run);
     void run.finally(() => this.#inFlight.delete(run));
   }
 
-  /** Stops retrying and waits for attempts in progress. */
+  /** Waits for enqueues in progress, then closes the queue. Deliveries stay in Redis for the workers. */
   async close(): Promise<void> {
-    this.#closing.abort();
+    this.#closing = true;
     await Promise.allSettled([...this.#inFlight]);
+    await this.#queue.close();
   }
 
-  async #deliver(batches: BatchStore, batchId: string): Promise<void> {
+  async #enqueue(batches: BatchStore, batchId: string): Promise<void> {
     const record = await batches.get(batchId);
     if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) return;
-    if (!(await batches.claimWebhook(batchId))) return; // another process sends it
-    const { secret, logger, attempts = 6, baseDelayMs = 1_000, timeoutMs = 5_000 } = this.#options;
-    const body = JSON.stringify(publicStatus(record));
-    const log = logger.child({ batchId, webhookHost: new URL(record.callbackUrl).host });
-    for (let attempt = 1; attempt <= attempts; attempt++) {
-      let outcome: string;
-      try {
-        const res = await fetch(record.callbackUrl, {
-          method: 'POST',
-          redirect: 'manual',
-          signal: AbortSignal.any([AbortSignal.timeout(timeoutMs), this.#closing.signal]),
-          headers: {
-            'content-type': 'application/json',
-            'user-agent': 'keyfleet-webhook/1',
-            'keyfleet-event': `batch.${record.status}`,
-            'keyfleet-delivery': batchId,
-            // Signed afresh for each attempt: the timestamp says when this one was sent.
-            [SIGNATURE_HEADER]: signWebhook(secret!, body),
-          },
-          body,
-        });
-        await res.body?.cancel().catch(() => {});
-        if (res.status >= 200 && res.status < 300) {
-          log.info({ attempt, status: res.status }, 'webhook delivered');
-          return;
-        }
-        if (res.status < 500 && res.status !== 429) {
-          log.warn({ attempt, status: res.status }, 'webhook refused by the receiver; not retried');
-          return;
-        }
-        outcome = `HTTP ${res.status}`;
-      } catch (err) {
-        if (this.#closing.signal.aborted) return;
-        outcome = (err as Error).name === 'TimeoutError' ? 'timeout' : 'network error';
-      }
-      log.warn({ attempt, outcome }, 'webhook attempt failed');
-      if (attempt < attempts) await sleep(baseDelayMs * 2 ** (attempt - 1), undefined, { signal: this.#closing.signal }).catch(() => {});
-      if (this.#closing.signal.aborted) return;
-    }
-    log.warn({ attempts }, 'webhook given up');
+    const { attempts = DEFAULT_ATTEMPTS, baseDelayMs = DEFAULT_BASE_DELAY_MS } = this.#options;
+    await this.#queue.add(WEBHOOK_JOB, { batchId }, {
+      jobId: webhookJobId(batchId),
+      attempts,
+      // BullMQ waits baseDelayMs · 2^(n−1) after the n-th failure: 1 s, 2 s, 4 s … as before.
+      backoff: { type: 'exponential', delay: baseDelayMs },
+    });
   }
+}
+
+export interface WebhookWorkerOptions extends WebhookOptions {
+  /** Its own connection (`maxRetriesPerRequest: null`); closed with the worker. */
+  readonly connection: Redis;
+  readonly keys: RedisKeys;
+  readonly batches: BatchStore;
+  /** Deliveries in flight at once in this process (default 4). */
+  readonly concurrency?: number;
+}
+
+export interface WebhookWorker {
+  /** Lets the attempt in flight finish (bounded by timeoutMs); queued and delayed retries stay in Redis. */
+  close(): Promise<void>;
+}
+
+/**
+ * Sends queued webhooks: each job run is one attempt, signed (Keyfleet-Signature), never following
+ * redirects. A network error, timeout, 429 or 5xx throws, and BullMQ retries it with the job's
+ * backoff; a 2xx, or another 4xx (the receiver refused it), ends the job.
+ */
+export function startWebhookWorker(options: WebhookWorkerOptions): WebhookWorker {
+  const { connection, keys, batches, secret, logger, concurrency = DEFAULT_CONCURRENCY } = options;
+  if (!secret) throw new Error('startWebhookWorker: expected a secret (WEBHOOK_SECRET) to sign with, got none');
+  const worker = new Worker<WebhookJobData>(keys.webhookQueueName, (job) => sendOnce(job, batches, secret, options), { connection, prefix: keys.prefix, concurrency });
+  worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'webhook worker error'));
+  return {
+    async close() {
+      await worker.close();
+      await worker.disconnect();
+    },
+  };
+}
+
+async function sendOnce(job: Job<WebhookJobData>, batches: BatchStore, secret: string, options: WebhookOptions): Promise<void> {
+  const batchId: unknown = (job.data as Partial<WebhookJobData> | undefined)?.batchId;
+  // Not retried: a malformed job never becomes valid.
+  if (typeof batchId !== 'string' || !batchId) throw new UnrecoverableError(`expected a webhook job holding a batchId, got ${typeof batchId}`);
+  const { logger, timeoutMs = DEFAULT_TIMEOUT_MS } = options;
+  const record = await batches.get(batchId);
+  if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) {
+    logger.warn({ batchId }, 'webhook not delivered: the batch is gone or has not ended');
+    return;
+  }
+  const attempts = job.opts.attempts ?? 1;
+  const attempt = job.attemptsMade + 1;
+  const body = JSON.stringify(publicStatus(record));
+  const log = logger.child({ batchId, webhookHost: new URL(record.callbackUrl).host });
+  let outcome: string;
+  try {
+    const res = await fetch(record.callbackUrl, {
+      method: 'POST',
+      redirect: 'manual',
+      signal: AbortSignal.timeout(timeoutMs),
+      headers: {
+        'content-type': 'application/json',
+        'user-agent': 'keyfleet-webhook/1',
+        'keyfleet-event': `batch.${record.status}`,
+        'keyfleet-delivery': batchId,
+        // Signed afresh for each attempt: the timestamp says when this one was sent.
+        [SIGNATURE_HEADER]: signWebhook(secret, body),
+      },
+      body,
+    });
+    await res.body?.cancel().catch(() => {});
+    if (res.status >= 200 && res.status < 300) {
+      log.info({ attempt, status: res.status }, 'webhook delivered');
+      return;
+    }
+    if (res.status < 500 && res.status !== 429) {
+      log.warn({ attempt, status: res.status }, 'webhook refused by the receiver; not retried');
+      return;
+    }
+    outcome = `HTTP ${res.status}`;
+  } catch (err) {
+    outcome = (err as Error).name === 'TimeoutError' ? 'timeout' : 'network error';
+  }
+  log.warn({ attempt, outcome }, 'webhook attempt failed');
+  if (attempt >= attempts) log.warn({ attempts }, 'webhook given up');
+  // Thrown so that BullMQ retries after the backoff (or, after the last attempt, keeps it as failed).
+  throw new Error(`webhook attempt ${attempt} failed: ${outcome}`);
 }

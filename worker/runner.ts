@@ -10,9 +10,10 @@ import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
+import { createWebhookQueue } from '../shared/queue.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
-import { WebhookSender } from '../shared/webhooks.js';
+import { startWebhookWorker, WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
 import { CryptoPool } from './pool.js';
 import { createChunkProcessor, type ChunkReport } from './processor.js';
@@ -35,7 +36,12 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
-  const webhooks = new WebhookSender({ secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
+  const webhookOptions = { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger };
+  const webhooks = new WebhookSender(createWebhookQueue(redis, keys, { keepSeconds: config.resultTtlSeconds }), webhookOptions);
+  // Sends the queued webhooks (from any process); without a secret there is nothing to sign, so none are queued.
+  const webhookWorker = config.webhookSecret
+    ? startWebhookWorker({ ...webhookOptions, connection: createRedis(config, { role: 'worker' }), keys, batches })
+    : undefined;
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
     keys.queueName,
@@ -55,6 +61,8 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     },
   );
 
+  // Batches being failed by their last chunk: close() waits for them, so their webhooks are queued.
+  const failing = new Set<Promise<void>>();
   worker.on('failed', (job, err) => {
     if (!job) return;
     const { batchId, chunk, requestId } = job.data;
@@ -62,7 +70,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     metrics.chunks.inc({ outcome: 'failed' });
     logger.warn({ batchId, chunk, requestId, jobId: job.id, attempts: job.attemptsMade, final, err: { message: err.message } }, 'chunk failed');
     if (final) {
-      batches.fail(batchId, 'KF_CHUNK_FAILED', `chunk ${chunk} failed after ${job.attemptsMade} attempt(s): ${err.message}`).then(
+      const marking = batches.fail(batchId, 'KF_CHUNK_FAILED', `chunk ${chunk} failed after ${job.attemptsMade} attempt(s): ${err.message}`).then(
         (changed) => {
           if (!changed) return;
           metrics.batches.inc({ event: 'failed' });
@@ -71,6 +79,8 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
         },
         (e: unknown) => logger.error({ err: e, batchId }, 'could not mark batch failed'),
       );
+      failing.add(marking);
+      void marking.finally(() => failing.delete(marking));
     }
   });
   worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'worker error'));
@@ -93,7 +103,10 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     async close() {
       draining = true;
       await worker.close();
-      await Promise.all([pool.close(), webhooks.close(), keyPolicy.flush()]);
+      await Promise.allSettled([...failing]);
+      // After the chunks: a chunk that ended its batch has enqueued its webhook by now. A delivery
+      // in flight finishes; its retries wait in Redis for another worker.
+      await Promise.all([pool.close(), webhooks.close(), webhookWorker?.close(), keyPolicy.flush()]);
       const closed = new Promise<void>((done) => http.server.close(() => done()));
       http.server.closeAllConnections();
       await closed;

@@ -82,14 +82,35 @@ describe('webhooks', () => {
     expect(Object.keys(status).sort()).toEqual(Object.keys((await client.json('GET', `/v1/batches/${submitted.body.batchId}`)).body).sort());
   });
 
-  it('sends the cancelled status when a batch is deleted', async () => {
+  it('sends the cancelled status when a batch is deleted, once a worker is there to send it', async () => {
     await worker.stop(); // nothing runs: the batch stays queued until it is cancelled
     const submitted = await client.uploadNdjson('encrypt', 'serials', ['a', 'b'], `&callbackUrl=${encodeURIComponent(receiverUrl)}`);
     expect((await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`)).status).toBe(200);
+    // The API only queues the delivery; it waits in Redis for a worker.
+    worker = await startWorker(env);
     const [delivery] = await deliveriesFor(submitted.body.batchId, 1);
     expect(JSON.parse(delivery!.body)).toMatchObject({ status: 'cancelled' });
     expect(verifyWebhookSignature(SECRET, delivery!.headers['keyfleet-signature'] as string, delivery!.body)).toBe(true);
+  });
+
+  it('a delivery being retried when its worker is stopped is sent by another worker, exactly once', async () => {
+    answers.push(503); // the first attempt fails; the retry is due a second later
+    const submitted = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 500 }, (_, i) => `R-${i}`), `&callbackUrl=${encodeURIComponent(receiverUrl)}`);
+    expect(submitted.status).toBe(202);
+    const batchId = submitted.body.batchId as string;
+    const [first] = await deliveriesFor(batchId, 1);
+    expect(first!.answered).toBe(503);
+    // SIGTERM mid-retry (as a scale-down does), then a fresh worker.
+    expect(await worker.stop()).toBe(0);
     worker = await startWorker(env);
+    const [, second] = await deliveriesFor(batchId, 2);
+    expect(second!.answered).toBe(200);
+    expect(verifyWebhookSignature(SECRET, second!.headers['keyfleet-signature'] as string, second!.body)).toBe(true);
+    expect(JSON.parse(second!.body)).toMatchObject({ id: batchId, status: 'completed', total: 500, succeeded: 500 });
+    await worker.waitFor(/"msg":"webhook delivered"/);
+    // Long enough for a second delivery job's first attempt (the old process's retry was due after 1 s).
+    await new Promise((r) => setTimeout(r, 2_500));
+    expect(deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId).map((d) => d.answered)).toEqual([503, 200]);
   });
 
   it('refuses callback URLs that are not http(s), carry credentials, or name a host off the allow-list', async () => {
