@@ -8,7 +8,7 @@ import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
-import { createChunkQueue, createWebhookQueue } from '../shared/queue.js';
+import { createChunkQueue, createWebhookQueue, type WebhookJobData } from '../shared/queue.js';
 import type { Logger } from '../shared/logger.js';
 import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
 import { WebhookSender } from '../shared/webhooks.js';
@@ -26,6 +26,8 @@ export interface ApiServices {
   readonly batches: BatchStore;
   readonly idempotency: IdempotencyStore;
   readonly queue: Queue<ChunkJobData>;
+  /** Webhook deliveries (the API only adds them; workers send them). */
+  readonly webhookQueue: Queue<WebhookJobData>;
   readonly events: BatchEvents;
   readonly registry: Registry;
   readonly metrics: ApiMetrics;
@@ -46,7 +48,8 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
   // The API only enqueues webhooks; worker processes send them.
-  const webhooks = new WebhookSender(createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds }), { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
+  const webhookQueue = createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds });
+  const webhooks = new WebhookSender(webhookQueue, { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
   const metrics = new ApiMetrics(registry);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
@@ -58,6 +61,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     batches,
     idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds),
     queue,
+    webhookQueue,
     events,
     registry,
     metrics,

@@ -46,7 +46,10 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
   const serverAdapter = new FastifyAdapter();
   serverAdapter.setBasePath(ADMIN_PATH);
   createBullBoard({
-    queues: [new BullMQAdapter(app.services.queue, { description: 'chunks of keyfleet batches' })],
+    queues: [
+      new BullMQAdapter(app.services.queue, { description: 'chunks of keyfleet batches' }),
+      new BullMQAdapter(app.services.webhookQueue, { description: 'webhook deliveries, one job per batch (retries and give-ups show here)' }),
+    ],
     serverAdapter,
     options: { uiConfig: { boardTitle: 'keyfleet' } },
   });

@@ -146,11 +146,12 @@ describe('operators see a batch', () => {
       expect(ok.headers.get('x-content-type-options')).toBe('nosniff');
     });
 
-    it('signs in with HTTP Basic and shows the chunk queue with a completed job of the batch', async () => {
+    it('signs in with HTTP Basic and shows the chunk queue with a completed job of the batch, and the webhook queue', async () => {
       const context = await browser.newContext({ httpCredentials: { username: 'ops', password: admin.token }, viewport: { width: 1400, height: 900 } });
       const page = await context.newPage();
       await page.goto(`${client.base}/admin/queues`);
       await page.getByText('chunks', { exact: false }).first().waitFor({ timeout: 20_000 });
+      await page.getByText('webhooks', { exact: false }).first().waitFor({ timeout: 20_000 });
       await page.goto(`${client.base}/admin/queues/queue/chunks?status=completed`);
       // Newest first, ten to a page: any chunk of the batch will do.
       await page.getByText(`${batchId}.`, { exact: false }).first().waitFor({ timeout: 20_000 });
