@@ -12,30 +12,37 @@ export const SHUTDOWN = 'shutdown';
 export class BatchEvents {
   readonly #sub: Redis;
   readonly #keys: RedisKeys;
-  readonly #listeners = new Map<string, Set<Listener>>();
+  /** Per channel: its listeners, and its SUBSCRIBE, which every listener waits for. */
+  readonly #channels = new Map<string, { listeners: Set<Listener>; subscribed: Promise<unknown> }>();
 
   constructor(subscriber: Redis, keys: RedisKeys) {
     this.#sub = subscriber;
     this.#keys = keys;
     subscriber.on('message', (channel: string, message: string) => {
-      for (const listener of this.#listeners.get(channel) ?? []) listener(message);
+      for (const listener of this.#channels.get(channel)?.listeners ?? []) listener(message);
     });
   }
 
-  /** Listens to one batch's events; the returned function stops listening. */
+  /** Listens to one batch's events; the returned function stops listening. Rejects when Redis refuses the SUBSCRIBE. */
   async subscribe(batchId: string, listener: Listener): Promise<() => void> {
     const channel = this.#keys.batchEvents(batchId);
-    let set = this.#listeners.get(channel);
-    if (!set) {
-      set = new Set();
-      this.#listeners.set(channel, set);
-      await this.#sub.subscribe(channel);
+    let entry = this.#channels.get(channel);
+    if (!entry) {
+      const made = { listeners: new Set<Listener>(), subscribed: this.#sub.subscribe(channel) };
+      this.#channels.set(channel, made);
+      // A failed SUBSCRIBE is forgotten, so the next listener tries again.
+      made.subscribed.catch(() => {
+        if (this.#channels.get(channel) === made) this.#channels.delete(channel);
+      });
+      entry = made;
     }
-    set.add(listener);
+    await entry.subscribed;
+    const { listeners } = entry;
+    listeners.add(listener);
     return () => {
-      set.delete(listener);
-      if (set.size === 0 && this.#listeners.get(channel) === set) {
-        this.#listeners.delete(channel);
+      listeners.delete(listener);
+      if (listeners.size === 0 && this.#channels.get(channel) === entry) {
+        this.#channels.delete(channel);
         this.#sub.unsubscribe(channel).catch(() => {});
       }
     };
@@ -43,12 +50,12 @@ export class BatchEvents {
 
   /** Tells every listener the API is going away; their streams end and the server can close. */
   shutdown(): void {
-    for (const set of [...this.#listeners.values()]) for (const listener of [...set]) listener(SHUTDOWN);
+    for (const { listeners } of [...this.#channels.values()]) for (const listener of [...listeners]) listener(SHUTDOWN);
   }
 
   async close(): Promise<void> {
     this.shutdown();
-    this.#listeners.clear();
+    this.#channels.clear();
     await this.#sub.quit();
   }
 }

@@ -66,9 +66,13 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
   };
 
   request.raw.on('close', end);
-  const stop = await events.subscribe(batchId, (event) => (event === SHUTDOWN ? end() : void send()));
-  if (ended) return stop();
-  unsubscribe = stop;
+  // The poll starts at once and does not wait for the SUBSCRIBE: a Redis that does not answer it
+  // must not hold the stream (the poll's own read fails, and the stream ends); one that refuses
+  // it leaves the stream on the poll alone.
+  events.subscribe(batchId, (event) => (event === SHUTDOWN ? end() : void send())).then(
+    (stop) => (ended ? stop() : (unsubscribe = stop)),
+    (err: Error) => request.log.warn({ err: { message: err.message }, batchId }, 'event stream on polling alone: subscribe failed'),
+  );
   timers.push(setInterval(() => void send(), POLL_MS).unref());
   timers.push(setInterval(() => res.write(': keep-alive\n\n'), HEARTBEAT_MS).unref());
   await send();
