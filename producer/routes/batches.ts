@@ -40,10 +40,10 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const body = request.body as AsyncIterable<Buffer> | undefined;
     if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
-    const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX
+    const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX (NDJSON lines, JSON elements)
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
       const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) }, (intake) =>
-        ndjson ? readNdjsonItems(items, intake, maxLine, { native: packNatively }) : readJsonItems(items, intake), keepAlive,
+        ndjson ? readNdjsonItems(items, intake, maxLine, { native: packNatively }) : readJsonItems(items, intake, maxLine), keepAlive,
       );
       request.log.info({ tenant, batchId, op, total }, 'batch accepted');
       return { batchId, status: 'queued' as const, total };
