@@ -10,22 +10,54 @@ import type { Redis } from './redis.js';
 // large argument into the Lua VM costs Redis more CPU than storing it (bench: "Redis CPU per
 // million items"). They are written with a plain SET beside the script and moved by RENAME.
 
+// Lifetimes. A batch's keys expire, so even a batch nobody reaps disappears in time, but
+// RESULT_TTL_SECONDS (`ttl`) starts only when the batch ends (completed, failed, cancelled):
+// a batch still queued or running may wait in the queue longer than that. While open, its
+// record and done set live `openTtl` from its last news (a stored or a completed chunk), and
+// chunk inputs and results `chunkTtl` (longer) from their write. Inputs outlive the record on
+// purpose: a chunk's input is its share of the backlog not yet subtracted, so a job whose
+// batch is gone subtracts its items by deleting its input, once (the queue keeps jobs for ever).
+
+/** Lua: the batch ended; its record, done set and every chunk's results now stay `ttl`. */
+const startResultClock = ({ meta, done, base, ttl }: { meta: string; done: string; base: string; ttl: string }): string => `
+redis.call('EXPIRE', ${meta}, ${ttl})
+redis.call('EXPIRE', ${done}, ${ttl})
+for i = 0, tonumber(redis.call('HGET', ${meta}, 'chunks')) - 1 do redis.call('EXPIRE', ${base} .. ':out:' .. i, ${ttl}) end`;
+
 /** Lua, ending a script: completes the batch (KEYS[1]) once it is sealed and every chunk is done, else publishes progress. */
-const completeWhenDone = ({ now, channel, ttl }: { now: string; channel: string; ttl: string }): string => `
+const completeWhenDone = ({ now, channel, ttl, done, base }: { now: string; channel: string; ttl: string; done: string; base: string }): string => `
 if redis.call('HGET', KEYS[1], 'sealed') == '1' and tonumber(redis.call('HGET', KEYS[1], 'chunksDone')) == tonumber(redis.call('HGET', KEYS[1], 'chunks')) then
   redis.call('HSET', KEYS[1], 'status', 'completed', 'finishedAt', ${now})
-  redis.call('EXPIRE', KEYS[1], ${ttl})
+  ${startResultClock({ meta: 'KEYS[1]', done, base, ttl })}
   redis.call('PUBLISH', ${channel}, 'completed')
   return 2
 end
 redis.call('PUBLISH', ${channel}, 'progress')
 return 1`;
 
-/** KEYS meta, input, backlog, upload · ARGV count, leaseMs. The input was SET just before. */
+/**
+ * Lua: fails the open batch KEYS[1]: its items not yet processed leave the backlog, its inputs
+ * are deleted; results already made stay `ttl` like the record.
+ */
+const failOpenBatch = (a: { backlog: string; upload: string; done: string; code: string; message: string; now: string; channel: string; base: string; ttl: string }): string => `
+redis.call('HSET', KEYS[1], 'status', 'failed', 'errorCode', ${a.code}, 'errorMessage', ${a.message}, 'finishedAt', ${a.now})
+redis.call('DECRBY', ${a.backlog}, tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
+for i = 0, tonumber(redis.call('HGET', KEYS[1], 'chunks')) - 1 do redis.call('UNLINK', ${a.base} .. ':in:' .. i) end
+redis.call('UNLINK', ${a.upload})
+${startResultClock({ meta: 'KEYS[1]', done: a.done, base: a.base, ttl: a.ttl })}
+redis.call('PUBLISH', ${a.channel}, 'failed')`;
+
+/** Lua: the batch's record is gone (expired): the chunk's input, if still there, holds its items in the backlog. */
+const dropOrphanInput = ({ input, backlog, count }: { input: string; backlog: string; count: string }): string => `
+if redis.call('UNLINK', ${input}) == 1 then redis.call('DECRBY', ${backlog}, ${count}) end`;
+
+/** KEYS meta, input, backlog, upload, done · ARGV count, leaseMs, openTtl. The input was SET (EX chunkTtl) just before. */
 const ADD_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then redis.call('UNLINK', KEYS[2]) return 0 end
 redis.call('PEXPIRE', KEYS[4], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[5], ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'total', ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'chunks', 1)
 redis.call('INCRBY', KEYS[3], ARGV[1])
@@ -33,38 +65,61 @@ return 1`;
 
 /**
  * KEYS meta, input, result, done, backlog, staged · ARGV chunk, count, succeeded, failed, ttl,
- * now, channel. The run's results were SET at `staged` just before; the first run of a
- * chunk renames them into place, any other run's are dropped.
+ * now, channel, openTtl, chunkTtl, base. The run's results were SET at `staged` just before;
+ * the first run of a chunk renames them into place, any other run's are dropped.
  */
 const COMPLETE_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then redis.call('UNLINK', KEYS[6]) return -1 end
+if not status then
+  redis.call('UNLINK', KEYS[6])
+  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[5]', count: 'ARGV[2]' })}
+  return -1
+end
 if status == 'cancelled' or status == 'failed' then redis.call('UNLINK', KEYS[6]) return -2 end
 if redis.call('SETBIT', KEYS[4], ARGV[1], 1) == 1 then redis.call('UNLINK', KEYS[6]) return 0 end
-local ttl = tonumber(ARGV[5])
 redis.call('RENAME', KEYS[6], KEYS[3])
-redis.call('EXPIRE', KEYS[3], ttl)
+redis.call('EXPIRE', KEYS[3], ARGV[9])
 redis.call('UNLINK', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'processed', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'succeeded', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'failed', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
 redis.call('DECRBY', KEYS[5], ARGV[2])
-redis.call('EXPIRE', KEYS[4], ttl)
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('EXPIRE', KEYS[4], ARGV[8])
 if status == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running', 'startedAt', ARGV[6]) end
-${completeWhenDone({ now: 'ARGV[6]', channel: 'ARGV[7]', ttl: 'ttl' })}`;
+${completeWhenDone({ now: 'ARGV[6]', channel: 'ARGV[7]', ttl: 'ARGV[5]', done: 'KEYS[4]', base: 'ARGV[10]' })}`;
 
-/** KEYS meta, upload · ARGV now, channel, ttl. */
+/**
+ * KEYS meta, input, done, backlog, upload · ARGV chunk, count, code, message, now, channel,
+ * base, ttl. Before a chunk runs, when its batch record or its input is missing: says what
+ * became of it, and settles the backlog. 1: the input is there, run it; 0: already counted;
+ * -1: the batch is gone (its items leave the backlog, once); -2: the batch ended; 3: the input
+ * expired before the chunk ran, so the batch can never complete: it fails.
+ */
+const SETTLE_CHUNK = `
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[4]', count: 'ARGV[2]' })}
+  return -1
+end
+if status == 'cancelled' or status == 'failed' then return -2 end
+if status == 'completed' or redis.call('GETBIT', KEYS[3], ARGV[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+${failOpenBatch({ backlog: 'KEYS[4]', upload: 'KEYS[5]', done: 'KEYS[3]', code: 'ARGV[3]', message: 'ARGV[4]', now: 'ARGV[5]', channel: 'ARGV[6]', base: 'ARGV[7]', ttl: 'ARGV[8]' })}
+return 3`;
+
+/** KEYS meta, upload, done · ARGV now, channel, ttl, base. */
 const SEAL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
 if status == 'cancelled' or status == 'failed' then return -2 end
 redis.call('HSET', KEYS[1], 'sealed', 1)
 redis.call('DEL', KEYS[2])
-${completeWhenDone({ now: 'ARGV[1]', channel: 'ARGV[2]', ttl: 'ARGV[3]' })}`;
+${completeWhenDone({ now: 'ARGV[1]', channel: 'ARGV[2]', ttl: 'ARGV[3]', done: 'KEYS[3]', base: 'ARGV[4]' })}`;
 
 /**
- * KEYS meta, backlog, upload · ARGV code, message, now, channel, onlyIfAbandoned, base.
+ * KEYS meta, backlog, upload, done · ARGV code, message, now, channel, onlyIfAbandoned, base, ttl.
  * With onlyIfAbandoned = '1' it fails the batch only if its upload was abandoned: unsealed,
  * no live upload lease. The inputs not yet run are deleted; results already made stay to their TTL.
  */
@@ -72,14 +127,13 @@ const FAIL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status or status == 'completed' or status == 'failed' or status == 'cancelled' then return 0 end
 if ARGV[5] == '1' and (redis.call('HGET', KEYS[1], 'sealed') == '1' or redis.call('EXISTS', KEYS[3]) == 1) then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'failed', 'errorCode', ARGV[1], 'errorMessage', ARGV[2], 'finishedAt', ARGV[3])
-redis.call('DECRBY', KEYS[2], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
-for i = 0, tonumber(redis.call('HGET', KEYS[1], 'chunks')) - 1 do redis.call('UNLINK', ARGV[6] .. ':in:' .. i) end
-redis.call('UNLINK', KEYS[3])
-redis.call('PUBLISH', ARGV[4], 'failed')
+${failOpenBatch({ backlog: 'KEYS[2]', upload: 'KEYS[3]', done: 'KEYS[4]', code: 'ARGV[1]', message: 'ARGV[2]', now: 'ARGV[3]', channel: 'ARGV[4]', base: 'ARGV[6]', ttl: 'ARGV[7]' })}
 return 1`;
 
-/** KEYS meta, done, backlog, upload · ARGV now, channel, base. Deletes every input and result. */
+/**
+ * KEYS meta, done, backlog, upload · ARGV now, channel, base, ttl. Deletes every input and
+ * result; the record stays `ttl` from the cancellation (a batch that had ended keeps its clock).
+ */
 const CANCEL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
@@ -87,6 +141,7 @@ local changed = 0
 if status == 'queued' or status == 'running' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finishedAt', ARGV[1])
   redis.call('DECRBY', KEYS[3], tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
   changed = 1
 end
 redis.call('HSET', KEYS[1], 'deleted', 1)
@@ -98,7 +153,7 @@ redis.call('PUBLISH', ARGV[2], 'cancelled')
 return changed`;
 
 /**
- * KEYS tenantBatches, meta, upload · ARGV metaPrefix, limit, ttl, leaseMs, id, field, value, …
+ * KEYS tenantBatches, meta, upload · ARGV metaPrefix, limit, openTtl, leaseMs, id, field, value, …
  * Admission: counts the tenant's batches still queued or running (forgetting ended ones) and
  * creates the new one only below the limit, atomically.
  */
@@ -118,21 +173,23 @@ return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, ttl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
-    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, count: number, leaseMs: number): Result<number, Context>;
-    kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string): Result<number, Context>;
-    kfBatchSeal(meta: string, upload: string, now: string, channel: string, ttl: number): Result<number, Context>;
-    kfBatchFail(meta: string, backlog: string, upload: string, code: string, message: string, now: string, channel: string, onlyIfAbandoned: '0' | '1', base: string): Result<number, Context>;
-    kfBatchCancel(meta: string, done: string, backlog: string, upload: string, now: string, channel: string, base: string): Result<number, Context>;
+    kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
+    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, count: number, leaseMs: number, openTtl: number): Result<number, Context>;
+    kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
+    kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
+    kfBatchSeal(meta: string, upload: string, done: string, now: string, channel: string, ttl: number, base: string): Result<number, Context>;
+    kfBatchFail(meta: string, backlog: string, upload: string, done: string, code: string, message: string, now: string, channel: string, onlyIfAbandoned: '0' | '1', base: string, ttl: number): Result<number, Context>;
+    kfBatchCancel(meta: string, done: string, backlog: string, upload: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
   }
 }
 
 /** Registers the scripts on a connection (idempotent: ioredis keeps one definition per name). */
 export function defineBatchScripts(redis: Redis): void {
   redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
-  redis.defineCommand('kfChunkAdd', { numberOfKeys: 4, lua: ADD_CHUNK });
+  redis.defineCommand('kfChunkAdd', { numberOfKeys: 5, lua: ADD_CHUNK });
   redis.defineCommand('kfChunkComplete', { numberOfKeys: 6, lua: COMPLETE_CHUNK });
-  redis.defineCommand('kfBatchSeal', { numberOfKeys: 2, lua: SEAL });
-  redis.defineCommand('kfBatchFail', { numberOfKeys: 3, lua: FAIL });
+  redis.defineCommand('kfChunkSettle', { numberOfKeys: 5, lua: SETTLE_CHUNK });
+  redis.defineCommand('kfBatchSeal', { numberOfKeys: 3, lua: SEAL });
+  redis.defineCommand('kfBatchFail', { numberOfKeys: 4, lua: FAIL });
   redis.defineCommand('kfBatchCancel', { numberOfKeys: 4, lua: CANCEL });
 }

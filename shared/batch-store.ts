@@ -33,14 +33,27 @@ export interface BatchRecord extends BatchStatusBody {
   readonly deleted: boolean;
 }
 
-/** What a chunk's completion did to its batch. */
-export type ChunkCompletion = 'progress' | 'completed' | 'duplicate' | 'batch-gone' | 'batch-ended';
+/**
+ * What a chunk's completion did to its batch; or, for a chunk with nothing to run, what became
+ * of it: `input-lost` means its input expired before it ran, and its batch failed for it.
+ */
+export type ChunkCompletion = 'progress' | 'completed' | 'duplicate' | 'batch-gone' | 'batch-ended' | 'input-lost';
 
-const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended' };
+const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended', '3': 'input-lost' };
+
+/** The least time an open batch (queued or running) lives after its last news: a week. */
+export const OPEN_BATCH_SECONDS = 7 * 86_400;
 
 export interface BatchStoreOptions {
-  /** How long status, inputs and results stay (RESULT_TTL_SECONDS). */
+  /** How long a batch's status and results stay once it ended: completed, failed or cancelled (RESULT_TTL_SECONDS). */
   readonly resultTtlSeconds: number;
+  /**
+   * How long a batch still queued or running lives after its last news (a stored or a completed
+   * chunk): only a batch that nothing happened to for this long is dropped, and its queued chunks
+   * then just leave the backlog. Chunk inputs and results live twice this from their write.
+   * Default: the greater of resultTtlSeconds and OPEN_BATCH_SECONDS.
+   */
+  readonly openBatchTtlSeconds?: number;
   /**
    * How long an upload stays alive without news (UPLOAD_IDLE_SECONDS): every stored chunk and
    * the upload's keep-alive renew it. An unsealed batch whose lease lapsed lost its upload.
@@ -58,13 +71,19 @@ export class BatchStore {
   readonly #redis: Redis;
   readonly #keys: RedisKeys;
   readonly #ttl: number;
+  readonly #openTtl: number;
+  readonly #chunkTtl: number;
   readonly #leaseMs: number;
   readonly #sealer: AtRestSealer;
 
-  constructor(redis: Redis, keys: RedisKeys, { resultTtlSeconds, uploadIdleSeconds, sealer }: BatchStoreOptions) {
+  constructor(redis: Redis, keys: RedisKeys, { resultTtlSeconds, openBatchTtlSeconds, uploadIdleSeconds, sealer }: BatchStoreOptions) {
     this.#redis = redis;
     this.#keys = keys;
     this.#ttl = resultTtlSeconds;
+    this.#openTtl = openBatchTtlSeconds ?? Math.max(resultTtlSeconds, OPEN_BATCH_SECONDS);
+    // Longer than the record's: a queued chunk whose batch record expired still finds its input,
+    // and by deleting it takes its items out of the backlog (batch-scripts.ts, Lifetimes).
+    this.#chunkTtl = 2 * this.#openTtl;
     this.#leaseMs = uploadIdleSeconds * 1000;
     this.#sealer = sealer;
     defineBatchScripts(redis);
@@ -84,9 +103,9 @@ export class BatchStore {
       total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
       ...(spec.callbackUrl ? { callbackUrl: spec.callbackUrl } : {}),
     };
-    // The meta key expires, so even a batch nobody reaps disappears in time.
+    // The record expires, so even a batch nobody reaps disappears in time; its results clock starts when it ends.
     const created = await this.#redis.kfBatchCreate(
-      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batch(''), maxActive, this.#ttl, this.#leaseMs, id, ...Object.entries(fields).flat(),
+      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batch(''), maxActive, this.#openTtl, this.#leaseMs, id, ...Object.entries(fields).flat(),
     );
     if (created !== 1) {
       throw new KeyfleetError('KF_TOO_MANY_BATCHES', `the tenant has ${maxActive} batches queued or running, the most allowed; retry when one ends`, { retryAfterSeconds: 5 });
@@ -113,8 +132,8 @@ export class BatchStore {
     const added = await pipelined(
       this.#redis
         .pipeline()
-        .set(input, sealed, 'EX', this.#ttl)
-        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), count, this.#leaseMs),
+        .set(input, sealed, 'EX', this.#chunkTtl)
+        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), k.batchDone(id), count, this.#leaseMs, this.#openTtl),
     );
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');
   }
@@ -133,7 +152,7 @@ export class BatchStore {
   async failIfAbandoned(id: string): Promise<boolean> {
     const k = this.#keys;
     const message = 'the upload stopped before it was complete (its connection or API process died); nothing of it was processed as complete';
-    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), 'KF_UPLOAD_ABORTED', message, new Date().toISOString(), k.batchEvents(id), '1', k.batch(id))) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), 'KF_UPLOAD_ABORTED', message, new Date().toISOString(), k.batchEvents(id), '1', k.batch(id), this.#ttl)) === 1;
   }
 
   /** Items stored and not yet processed, over every batch. */
@@ -143,10 +162,33 @@ export class BatchStore {
 
   /** Marks the upload complete: from now on the last chunk to finish completes the batch. */
   async seal(id: string): Promise<void> {
-    await this.#redis.kfBatchSeal(this.#keys.batch(id), this.#keys.batchUpload(id), new Date().toISOString(), this.#keys.batchEvents(id), this.#ttl);
+    const k = this.#keys;
+    await this.#redis.kfBatchSeal(k.batch(id), k.batchUpload(id), k.batchDone(id), new Date().toISOString(), k.batchEvents(id), this.#ttl, k.batch(id));
   }
 
-  /** The chunk's packed inputs, opened; null once counted, cancelled or expired. */
+  /**
+   * Before a chunk runs: its packed inputs, opened; or, when there is nothing to run, what
+   * became of it. A chunk whose batch is gone (expired or deleted under its queued job) takes
+   * its items out of the backlog here, once however often its job runs; one whose input
+   * expired while its batch was open fails the batch (`input-lost`).
+   */
+  async startChunk(id: string, chunk: number, count: number): Promise<Buffer | ChunkCompletion> {
+    const k = this.#keys;
+    // One transaction: an input seen missing while the record exists is not a batch expiring in between.
+    const [status, sealed] = ((await this.#redis.multi().hget(k.batch(id), 'status').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
+      if (err) throw err;
+      return value;
+    }) as [string | null, Buffer | null];
+    if (status && sealed) return this.#sealer.open('batch', id, `in:${chunk}`, sealed);
+    const message = `the input of chunk ${chunk} expired before the chunk ran (it waited more than ${this.#chunkTtl} s)`;
+    const settled = await this.#redis.kfChunkSettle(k.batch(id), k.batchInput(id, chunk), k.batchDone(id), k.backlogItems(), k.batchUpload(id),
+      chunk, count, 'KF_CHUNK_FAILED', message, new Date().toISOString(), k.batchEvents(id), k.batch(id), this.#ttl);
+    // 1: the input is there after all (not seen in the transaction above: cannot happen, inputs are never written twice).
+    if (settled === 1) return (await this.readInput(id, chunk)) ?? 'duplicate';
+    return COMPLETION[String(settled)] ?? 'batch-gone';
+  }
+
+  /** The chunk's packed inputs, opened; null once counted, cancelled or expired (a chunk about to run: startChunk). */
   async readInput(id: string, chunk: number): Promise<Buffer | null> {
     const sealed = await this.#redis.getBuffer(this.#keys.batchInput(id, chunk));
     return sealed && this.#sealer.open('batch', id, `in:${chunk}`, sealed);
@@ -165,9 +207,9 @@ export class BatchStore {
     const result = await pipelined(
       this.#redis
         .pipeline()
-        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.results), 'EX', this.#ttl)
+        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.results), 'EX', this.#chunkTtl)
         .kfChunkComplete(k.batch(id), k.batchInput(id, chunk), k.batchResult(id, chunk), k.batchDone(id), k.backlogItems(), staged,
-          chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id)),
+          chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id), this.#openTtl, this.#chunkTtl, k.batch(id)),
     );
     return COMPLETION[String(result)] ?? 'progress';
   }
@@ -175,19 +217,14 @@ export class BatchStore {
   /** Ends a batch as failed (once); later chunk completions are ignored. */
   async fail(id: string, code: ErrorCode, message: string = CATALOGUE[code].message): Promise<boolean> {
     const k = this.#keys;
-    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), code, message, new Date().toISOString(), k.batchEvents(id), '0', k.batch(id))) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), code, message, new Date().toISOString(), k.batchEvents(id), '0', k.batch(id), this.#ttl)) === 1;
   }
 
-  /** Cancels what has not run and deletes inputs and results; the status record stays until its TTL. */
+  /** Cancels what has not run and deletes inputs and results; the status record stays resultTtlSeconds from the batch's end. */
   async cancel(id: string): Promise<void> {
     const k = this.#keys;
-    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id), k.batch(id));
+    const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id), k.batch(id), this.#ttl);
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
-  }
-
-  /** True for the one process that may send this batch's webhook. */
-  async claimWebhook(id: string): Promise<boolean> {
-    return (await this.#redis.set(this.#keys.batchWebhook(id), '1', 'EX', this.#ttl, 'NX')) === 'OK';
   }
 
   async get(id: string): Promise<BatchRecord | undefined> {

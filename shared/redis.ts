@@ -100,11 +100,6 @@ export class RedisKeys {
     return `${this.prefix}:batch:${id}:upload`;
   }
 
-  /** Claimed by the process that sends the batch's webhook. */
-  batchWebhook(id: string): string {
-    return `${this.prefix}:batch:${id}:webhook`;
-  }
-
   /** Set of a tenant's batch ids that may still be queued or running (admission counts them). */
   tenantBatches(tenant: string): string {
     return `${this.prefix}:tenant:${tenant}:batches`;

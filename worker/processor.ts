@@ -28,7 +28,7 @@ export interface ProcessorDeps {
 export interface ChunkReport {
   readonly chunk: number;
   readonly count: number;
-  readonly completion: ChunkCompletion | 'input-gone';
+  readonly completion: ChunkCompletion;
 }
 
 /**
@@ -44,12 +44,19 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     const log = logger.child({ batchId: data.batchId, chunk: data.chunk, jobId: job.id, ...(data.requestId ? { requestId: data.requestId } : {}) });
     const stopTimer = metrics.chunkDuration.startTimer({ op: data.op });
 
-    const input = await batches.readInput(data.batchId, data.chunk);
-    if (!input) {
-      // Counted already (a rerun), or the batch was cancelled, failed or expired.
-      log.debug('chunk input gone; nothing to do');
+    const input = await batches.startChunk(data.batchId, data.chunk, data.count);
+    if (!Buffer.isBuffer(input)) {
+      // Counted already (a rerun), the batch cancelled or failed, or gone (expired or deleted
+      // under this job: startChunk took its items out of the backlog), or its input expired.
       metrics.chunks.inc({ outcome: 'skipped' });
-      return { chunk: data.chunk, count: 0, completion: 'input-gone' };
+      if (input === 'input-lost') {
+        metrics.batches.inc({ event: 'failed' });
+        log.warn('chunk input expired before it ran; batch failed');
+        onBatchEnded?.(data.batchId);
+      } else {
+        log.debug({ completion: input }, 'nothing to run for this chunk');
+      }
+      return { chunk: data.chunk, count: 0, completion: input };
     }
 
     const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(data.context !== undefined ? { context: data.context } : {}) };
