@@ -137,14 +137,18 @@ describe('batch lifetimes', () => {
 describe('chunks of a batch that is gone', () => {
   const sealer = new AtRestSealer(randomBytes(32));
   const outcome = (count: number) => ({ count, succeeded: count, failed: 0, results: Buffer.from('r\n') });
-
-  it('a chunk whose batch record expired takes its items out of the backlog once, however often its job runs', async () => {
-    // Its own prefix: the backlog counter is this test's alone.
+  /** A sealed batch of three 10-item chunks whose record lives 2 s without news, under its own prefix (so its backlog counter is the test's alone). */
+  const sealedBatchOfThreeChunks = async () => {
     const own = new RedisKeys(`{kft-expiry-${randomBytes(4).toString('hex')}}`);
     const store = new BatchStore(redis, own, { resultTtlSeconds: 60, openBatchTtlSeconds: 2, uploadIdleSeconds: 60, sealer });
     const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
     for (const c of [0, 1, 2]) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
     await store.seal(id);
+    return { own, store, id };
+  };
+
+  it('a chunk whose batch record expired takes its items out of the backlog once, however often its job runs', async () => {
+    const { own, store, id } = await sealedBatchOfThreeChunks();
     expect(await store.backlogItems()).toBe(30);
     expect(Buffer.isBuffer(await store.startChunk(id, 0, 10))).toBe(true);
 
@@ -164,11 +168,7 @@ describe('chunks of a batch that is gone', () => {
   });
 
   it('an open batch renews its lifetime as its chunks complete, and a completed chunk is never subtracted again', async () => {
-    const own = new RedisKeys(`{kft-expiry-${randomBytes(4).toString('hex')}}`);
-    const store = new BatchStore(redis, own, { resultTtlSeconds: 60, openBatchTtlSeconds: 2, uploadIdleSeconds: 60, sealer });
-    const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
-    for (const c of [0, 1, 2]) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
-    await store.seal(id);
+    const { own, store, id } = await sealedBatchOfThreeChunks();
     for (const c of [0, 1]) {
       await sleep(1_200);
       expect(await store.completeChunk(id, c, outcome(10))).toBe('progress');
