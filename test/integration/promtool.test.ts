@@ -123,6 +123,11 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
           [`keyfleet_queue_workers{${api}}`]: '2x10',
           [`keyfleet_redis_up{${api}}`]: '1x10',
         }, [firing('KeyfleetNoWorkerAlive', '1m', 0), firing('KeyfleetNoWorkerAlive', '4m', 1)]),
+        test('no worker at all: both signals hold, and one alert fires, not two', {
+          [`keyfleet_queue_backlog_items{${api}}`]: '5000x10',
+          [`keyfleet_queue_workers{${api}}`]: '0x10',
+          [`keyfleet_redis_up{${api}}`]: '1x10',
+        }, [firing('KeyfleetNoWorkerAlive', '1m', 0), firing('KeyfleetNoWorkerAlive', '4m', 1)]),
         test('workers scraped but none connected to the queue', {
           [`keyfleet_queue_backlog_items{${api}}`]: '5000x10',
           [`keyfleet_queue_workers{${api}}`]: '0x10',
