@@ -134,15 +134,14 @@ export class WorkerMetrics extends CryptoMetrics {
     const poolGauge = (name: string, help: string, read: () => number): void => {
       new Gauge({ name, help, registers: [registry], collect() { this.set(read()); } });
     };
-    let counted = 0;
     new Counter({
       name: 'keyfleet_worker_pool_busy_seconds_total',
       help: 'Thread time spent running chunks, in seconds; its rate over keyfleet_worker_pool_threads is the pool\'s utilisation, 0..1.',
       registers: [registry],
+      // The pool keeps the running total; each scrape reports it as it is.
       collect() {
-        const busy = pool.busySeconds;
-        this.inc(busy - counted);
-        counted = busy;
+        this.reset();
+        this.inc(pool.busySeconds);
       },
     });
     poolGauge('keyfleet_worker_pool_queue_size', 'Chunks waiting for a free thread in this worker.', () => pool.queueSize);

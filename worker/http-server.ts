@@ -29,18 +29,15 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
     } else if (path === '/healthz') {
       reply(200, 'application/json', '{"status":"ok"}');
     } else if (path === '/readyz') {
-      const notReady = () => reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}');
-      const timer = setTimeout(notReady, READY_TIMEOUT_MS);
-      ready().then(
-        (ok) => {
-          clearTimeout(timer);
-          if (!res.headersSent) ok ? reply(200, 'application/json', '{"status":"ready"}') : notReady();
-        },
-        () => {
-          clearTimeout(timer);
-          if (!res.headersSent) notReady();
-        },
-      );
+      // The first answer wins: the check's own, or 503 once it has taken READY_TIMEOUT_MS.
+      const answer = (ok: boolean): void => {
+        clearTimeout(timer);
+        if (res.headersSent) return;
+        if (ok) reply(200, 'application/json', '{"status":"ready"}');
+        else reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}');
+      };
+      const timer = setTimeout(() => answer(false), READY_TIMEOUT_MS);
+      ready().then(answer, () => answer(false));
     } else {
       reply(404, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
     }
