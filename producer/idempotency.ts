@@ -128,7 +128,21 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
     await store.release(tenant, key).catch(() => {});
     throw err;
   }
-  await store.complete(tenant, key, fingerprint, answer);
+  return sendCompleted(store, request, reply, tenant, key, fingerprint, answer);
+}
+
+/**
+ * Stores the answer of work that has been done, and sends it. The work stands whether or not
+ * its answer could be stored (a batch exists, ciphertexts were made), so the caller gets it
+ * either way; an answer not stored leaves the key claimed until the claim lapses (PENDING_MS),
+ * so that a retry in the meantime is a 409 and not the work done a second time.
+ */
+export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<FastifyReply> {
+  try {
+    await store.complete(tenant, key, fingerprint, answer);
+  } catch (err) {
+    request.log.error({ err: { message: (err as Error).message }, status: answer.status }, 'idempotent answer not stored; its key stays claimed until the claim lapses');
+  }
   return send(reply, answer);
 }
 

@@ -9,7 +9,7 @@ import { KeyfleetError } from '../../shared/errors.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
-import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, send } from '../idempotency.js';
+import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, sendCompleted } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
@@ -61,15 +61,14 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     });
     if (stored) return replay(reply, stored);
     await idempotency.claim(tenant, idempotencyKey, 'upload in progress');
+    let accepted: Awaited<ReturnType<typeof submit>>;
     try {
-      const accepted = await submit(hashing(body, fingerprint), () => void idempotency.renew(tenant, idempotencyKey).catch(() => {}));
-      const answer = jsonAnswer(202, accepted);
-      await idempotency.complete(tenant, idempotencyKey, fingerprint.digest('hex'), answer);
-      return send(reply, answer);
+      accepted = await submit(hashing(body, fingerprint), () => void idempotency.renew(tenant, idempotencyKey).catch(() => {}));
     } catch (err) {
       await idempotency.release(tenant, idempotencyKey).catch(() => {});
       throw err;
     }
+    return sendCompleted(idempotency, request, reply, tenant, idempotencyKey, fingerprint.digest('hex'), jsonAnswer(202, accepted));
   });
 
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {

@@ -187,6 +187,33 @@ describe('idempotency', () => {
     expect((await call(app, admin, 'POST', '/v1/encrypt/serials', { items }, asyncKey)).json()).toEqual(viaSync.json());
   });
 
+  it('answers with the work done when its answer cannot be stored; a retry meanwhile is a 409, not a second batch', async () => {
+    const tenantBatches = `${env['KEYFLEET_PREFIX']}:tenant:acme:batches`;
+    const before = new Set(await redis.smembers(tenantBatches));
+    const items = Array.from({ length: 20 }, (_, i) => `LOST-${i}`);
+    const { idempotency } = app.services;
+    // Redis stops answering between the work and the storing of its answer (an own property
+    // shadows the store's method for this test only).
+    idempotency.complete = async () => {
+      throw new Error('Command timed out');
+    };
+    let first;
+    let sync;
+    try {
+      first = await upload(app, admin, 'encrypt', items, { 'idempotency-key': 'answer-lost' });
+      sync = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['A', 'B'] }, { 'idempotency-key': 'sync-answer-lost' });
+    } finally {
+      delete (idempotency as Partial<typeof idempotency>).complete;
+    }
+    expect(first.statusCode).toBe(202);
+    expect(sync.statusCode).toBe(200);
+    expect(sync.json().results).toHaveLength(2);
+    const retry = await upload(app, admin, 'encrypt', items, { 'idempotency-key': 'answer-lost' });
+    expect(retry.statusCode).toBe(409);
+    expect(retry.json().error.code).toBe('KF_IDEMPOTENCY_IN_PROGRESS');
+    expect((await redis.smembers(tenantBatches)).filter((id) => !before.has(id))).toEqual([first.json().batchId]);
+  });
+
   it('frees the key of a request that failed, so that its retry runs', async () => {
     const key = { 'idempotency-key': 'retry-me' };
     const missing = await call(app, admin, 'POST', '/v1/encrypt/nokey', { items: ['A'] }, key);
