@@ -48,12 +48,14 @@ afterAll(async () => {
 });
 
 async function deliveriesFor(batchId: string, count: number): Promise<Delivery[]> {
-  for (let i = 0; i < 300; i++) {
+  // Up to 30 s: a retry is due 1 s after a failed attempt, but the host is shared and noisy.
+  for (let i = 0; i < 600; i++) {
     const mine = deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId);
     if (mine.length >= count) return mine;
     await new Promise((r) => setTimeout(r, 50));
   }
-  throw new Error(`batch ${batchId}: fewer than ${count} webhook deliveries`);
+  const got = deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId).map((d) => d.answered);
+  throw new Error(`batch ${batchId}: ${got.length} of ${count} webhook deliveries (${got.join(', ')}); the worker's last lines:\n${worker.lines.slice(-15).join('\n')}`);
 }
 
 describe('webhooks', () => {
