@@ -1,11 +1,15 @@
 import { Redis } from 'ioredis';
 import { once } from 'node:events';
+import { randomBytes } from 'node:crypto';
 import { afterAll, describe, expect, it } from 'vitest';
+import { buildApp } from '../../producer/app.js';
 import { BatchEvents } from '../../producer/batch-events.js';
 import { RedisKeys } from '../../shared/redis.js';
-import { testEnv } from '../helpers/env.js';
+import { Client } from '../helpers/client.js';
+import { configFrom, testEnv } from '../helpers/env.js';
+import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
-const { env } = testEnv();
+const { env, admin } = testEnv();
 const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
 const publisher = new Redis(env['REDIS_URL']!);
 afterAll(async () => {
@@ -26,6 +30,40 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
       expect(await heard).toBe('progress');
     } finally {
       await events.close();
+    }
+  });
+
+  it('an SSE stream whose SUBSCRIBE Redis refuses follows the batch to its end by polling', async () => {
+    // The API's Redis user may do everything but subscribe.
+    const user = `kft-nosub-${randomBytes(4).toString('hex')}`;
+    const password = randomBytes(16).toString('hex');
+    await publisher.acl('SETUSER', user, 'on', `>${password}`, '~*', '&*', '+@all', '-subscribe', '-psubscribe', '-ssubscribe');
+    const url = new URL(env['REDIS_URL']!);
+    url.username = user;
+    url.password = password;
+    const probe = new Redis(url.toString());
+    let worker: RunningProcess | undefined;
+    const app = await buildApp({ config: configFrom({ ...env, REDIS_URL: url.toString() }) });
+    try {
+      await expect(probe.subscribe(keys.batchEvents('probe'))).rejects.toThrow(/NOPERM/);
+      const client = new Client(await app.listen({ host: '127.0.0.1', port: 0 }), admin.token);
+      expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
+      // No worker yet: the stream opens on a queued batch, and only a poll can see it end.
+      const submitted = await client.uploadNdjson('encrypt', 'serials', Array.from({ length: 2_000 }, (_, i) => `poll-${i}`));
+      expect(submitted.status).toBe(202);
+      const res = await fetch(`${client.base}/v1/batches/${submitted.body.batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` }, signal: AbortSignal.timeout(40_000) });
+      const text = res.text(); // the server ends the stream after the final event
+      worker = await startWorker(env);
+      const events = (await text).split('\n\n').filter((e) => e.startsWith('event:'));
+      expect(events[0]).toMatch(/^event: progress\n/);
+      expect(JSON.parse(events[0]!.split('data: ')[1]!)).toMatchObject({ status: 'queued', processed: 0 });
+      expect(events.at(-1)).toMatch(/^event: done\n/);
+      expect(JSON.parse(events.at(-1)!.split('data: ')[1]!)).toMatchObject({ status: 'completed', processed: 2_000 });
+    } finally {
+      await worker?.stop();
+      await app.close();
+      probe.disconnect();
+      await publisher.acl('DELUSER', user);
     }
   });
 });
