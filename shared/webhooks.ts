@@ -1,4 +1,8 @@
 import { UnrecoverableError, Worker, type Job, type Queue } from 'bullmq';
+import ipaddr from 'ipaddr.js';
+import { lookup, type LookupAddress } from 'node:dns';
+import type { LookupFunction } from 'node:net';
+import { Agent, fetch, type Dispatcher } from 'undici';
 import { publicStatus, type BatchStore } from './batch-store.js';
 import { KeyfleetError } from './errors.js';
 import type { Logger } from './logger.js';
@@ -10,7 +14,10 @@ import { SIGNATURE_HEADER, signWebhook } from './webhook-signature.js';
 export interface WebhookOptions {
   /** WEBHOOK_SECRET; without one, callbacks are refused at batch creation. */
   readonly secret: string | undefined;
-  /** WEBHOOK_ALLOWED_HOSTS: host names (or `*.example.com`) callbacks may go to; empty = any. */
+  /**
+   * WEBHOOK_ALLOWED_HOSTS: host names (or `*.example.com`) callbacks may go to, at any address.
+   * Empty: any host, but only at public addresses (publicOnlyLookup).
+   */
   readonly allowedHosts: readonly string[];
   readonly logger: Logger;
   /** Attempts per delivery (default 6: about a minute of backoff); set on the job by whoever enqueues it. */
@@ -27,7 +34,37 @@ const DEFAULT_TIMEOUT_MS = 5_000;
 /** Deliveries in flight per worker process: each mostly waits on a receiver, so a few are cheap. */
 const DEFAULT_CONCURRENCY = 4;
 
-/** Checks a caller's callbackUrl: http(s) only, no credentials, and a host on the allow-list. */
+/**
+ * True for a public unicast address. Loopback, private, link-local (where clouds serve instance
+ * metadata), unique-local, shared (CGNAT), multicast, reserved and documentation ranges, and
+ * IPv6 forms that carry an IPv4 address through a gateway (NAT64, 6to4), are not; an
+ * IPv4-mapped IPv6 address counts as its IPv4 address.
+ */
+export function isPublicAddress(address: string): boolean {
+  return ipaddr.isValid(address) && ipaddr.process(address).range() === 'unicast';
+}
+
+/** A webhook host that resolved to no public address (and is not on WEBHOOK_ALLOWED_HOSTS). */
+export class NonPublicAddressError extends Error {
+  override readonly name = 'NonPublicAddressError';
+}
+
+/**
+ * `dns.lookup` for the connections of webhooks to hosts not on an allow-list: the addresses that
+ * are not public are dropped before the connection is made, so a name that resolves (or is
+ * rebound) to an internal address cannot reach it.
+ */
+export const publicOnlyLookup: LookupFunction = (hostname, options, callback) => {
+  lookup(hostname, { ...options, all: true }, (err: NodeJS.ErrnoException | null, found: LookupAddress[]) => {
+    if (err) return callback(err, '', 0);
+    const usable = found.filter((a) => isPublicAddress(a.address));
+    if (usable.length === 0) return callback(new NonPublicAddressError(`${hostname} resolves to no public address`), '', 0);
+    if (options.all) return (callback as unknown as (e: null, all: LookupAddress[]) => void)(null, usable);
+    callback(null, usable[0]!.address, usable[0]!.family);
+  });
+};
+
+/** Checks a caller's callbackUrl: http(s) only, no credentials, and a host on the allow-list (or, with none, not an internal address). */
 export function checkCallbackUrl(text: string, { secret, allowedHosts }: Pick<WebhookOptions, 'secret' | 'allowedHosts'>): string {
   const invalid = (why: string) => new KeyfleetError('KF_CALLBACK_URL_INVALID', `callbackUrl: ${why}`);
   if (!secret) throw invalid('webhooks are not enabled on this service (WEBHOOK_SECRET is not set)');
@@ -42,6 +79,11 @@ export function checkCallbackUrl(text: string, { secret, allowedHosts }: Pick<We
   const host = url.hostname.toLowerCase();
   const allowed = allowedHosts.length === 0 || allowedHosts.some((h) => (h.startsWith('*.') ? host.endsWith(h.slice(1)) : host === h));
   if (!allowed) throw invalid(`the host ${host} is not in WEBHOOK_ALLOWED_HOSTS`);
+  // A name is checked when it is resolved, for each delivery (publicOnlyLookup); an address now.
+  const literal = host.startsWith('[') ? host.slice(1, -1) : host;
+  if (allowedHosts.length === 0 && ipaddr.isValid(literal) && !isPublicAddress(literal)) {
+    throw invalid(`${host} is not a public address (an operator may allow it in WEBHOOK_ALLOWED_HOSTS)`);
+  }
   return url.toString();
 }
 
@@ -107,22 +149,26 @@ export interface WebhookWorker {
 /**
  * Sends queued webhooks: each job run is one attempt, signed (Keyfleet-Signature), never following
  * redirects. A network error, timeout, 429 or 5xx throws, and BullMQ retries it with the job's
- * backoff; a 2xx, or another 4xx (the receiver refused it), ends the job.
+ * backoff; a 2xx, another 4xx (the receiver refused it), a callbackUrl this process's settings
+ * do not allow, or a host with no public address (without an allow-list), ends the job.
  */
 export function startWebhookWorker(options: WebhookWorkerOptions): WebhookWorker {
   const { connection, keys, batches, secret, logger, concurrency = DEFAULT_CONCURRENCY } = options;
   if (!secret) throw new Error('startWebhookWorker: expected a secret (WEBHOOK_SECRET) to sign with, got none');
-  const worker = new Worker<WebhookJobData>(keys.webhookQueueName, (job) => sendOnce(job, batches, secret, options), { connection, prefix: keys.prefix, concurrency });
+  // Without an allow-list, connections go to public addresses only.
+  const dispatcher = new Agent(options.allowedHosts.length === 0 ? { connect: { lookup: publicOnlyLookup } } : {});
+  const worker = new Worker<WebhookJobData>(keys.webhookQueueName, (job) => sendOnce(job, batches, secret, options, dispatcher), { connection, prefix: keys.prefix, concurrency });
   worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'webhook worker error'));
   return {
     async close() {
       await worker.close();
       await worker.disconnect();
+      await dispatcher.close();
     },
   };
 }
 
-async function sendOnce(job: Job<WebhookJobData>, batches: BatchStore, secret: string, options: WebhookOptions): Promise<void> {
+async function sendOnce(job: Job<WebhookJobData>, batches: BatchStore, secret: string, options: WebhookOptions, dispatcher: Dispatcher): Promise<void> {
   const batchId: unknown = (job.data as Partial<WebhookJobData> | undefined)?.batchId;
   // Not retried: a malformed job never becomes valid.
   if (typeof batchId !== 'string' || !batchId) throw new UnrecoverableError(`expected a webhook job holding a batchId, got ${typeof batchId}`);
@@ -132,13 +178,21 @@ async function sendOnce(job: Job<WebhookJobData>, batches: BatchStore, secret: s
     logger.warn({ batchId }, 'webhook not delivered: the batch is gone or has not ended');
     return;
   }
+  const log = logger.child({ batchId, webhookHost: new URL(record.callbackUrl).host });
+  // Checked again against this process's settings: an allow-list may have changed since the batch was made.
+  try {
+    checkCallbackUrl(record.callbackUrl, options);
+  } catch (err) {
+    log.warn({ reason: (err as Error).message }, 'webhook not sent: its callbackUrl is not allowed here');
+    return;
+  }
   const attempts = job.opts.attempts ?? 1;
   const attempt = job.attemptsMade + 1;
   const body = JSON.stringify(publicStatus(record));
-  const log = logger.child({ batchId, webhookHost: new URL(record.callbackUrl).host });
   let outcome: string;
   try {
     const res = await fetch(record.callbackUrl, {
+      dispatcher,
       method: 'POST',
       redirect: 'manual',
       signal: AbortSignal.timeout(timeoutMs),
@@ -163,6 +217,10 @@ async function sendOnce(job: Job<WebhookJobData>, batches: BatchStore, secret: s
     }
     outcome = `HTTP ${res.status}`;
   } catch (err) {
+    if ((err as Error).cause instanceof NonPublicAddressError) {
+      log.warn({ attempt }, 'webhook not sent: its host resolves to no public address (not retried; WEBHOOK_ALLOWED_HOSTS may allow it)');
+      return;
+    }
     outcome = (err as Error).name === 'TimeoutError' ? 'timeout' : 'network error';
   }
   log.warn({ attempt, outcome }, 'webhook attempt failed');

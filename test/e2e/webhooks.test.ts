@@ -126,3 +126,36 @@ describe('webhooks', () => {
     expect(viaSync.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
   });
 });
+
+describe('webhooks without an allow-list', () => {
+  it('go to public addresses only: an internal address is refused at once, and a name that resolves to one is never connected to', async () => {
+    const open = testEnv({ WEBHOOK_SECRET: SECRET });
+    const openApp = await buildApp({ config: configFrom(open.env) });
+    let openWorker: RunningProcess | undefined;
+    try {
+      const openClient = new Client(await openApp.listen({ host: '127.0.0.1', port: 0 }), open.admin.token);
+      openWorker = await startWorker(open.env);
+      expect((await openClient.json('POST', '/v1/keys/serials')).status).toBe(201);
+      for (const bad of [receiverUrl, 'http://[::1]/hook', 'http://169.254.169.254/latest/meta-data/', 'http://10.0.0.1/hook']) {
+        const res = await openClient.uploadNdjson('encrypt', 'serials', ['a'], `&callbackUrl=${encodeURIComponent(bad)}`);
+        expect(res.status, bad).toBe(400);
+        expect(res.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
+      }
+      // The receiver by a name that resolves to loopback: accepted, then refused when resolved.
+      const byName = receiverUrl.replace('127.0.0.1', 'localhost');
+      const submitted = await openClient.uploadNdjson('encrypt', 'serials', ['a', 'b', 'c'], `&callbackUrl=${encodeURIComponent(byName)}`);
+      expect(submitted.status).toBe(202);
+      const batchId = submitted.body.batchId as string;
+      expect((await openClient.waitForBatch(batchId)).status).toBe('completed');
+      const line = JSON.parse(await openWorker.waitFor(/webhook not sent: its host resolves to no public address/));
+      expect(line).toMatchObject({ batchId, webhookHost: new URL(byName).host, attempt: 1 });
+      // Not retried, and nothing reached the receiver.
+      await new Promise((r) => setTimeout(r, 1_500));
+      expect(openWorker.lines.filter((l) => l.includes(batchId) && l.includes('webhook'))).toHaveLength(1);
+      expect(deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId)).toEqual([]);
+    } finally {
+      await openWorker?.stop();
+      await openApp.close();
+    }
+  });
+});
