@@ -41,8 +41,14 @@ const DEFAULT_CONCURRENCY = 4;
  * IPv4-mapped IPv6 address counts as its IPv4 address.
  */
 export function isPublicAddress(address: string): boolean {
-  return ipaddr.isValid(address) && ipaddr.process(address).range() === 'unicast';
+  if (!ipaddr.isValid(address)) return false;
+  const parsed = ipaddr.process(address);
+  // ipaddr.js counts the deprecated IPv4-compatible form (::a.b.c.d) as unicast.
+  if (parsed.kind() === 'ipv6' && parsed.match(IPV4_COMPATIBLE)) return false;
+  return parsed.range() === 'unicast';
 }
+
+const IPV4_COMPATIBLE = ipaddr.parseCIDR('::/96');
 
 /** A webhook host that resolved to no public address (and is not on WEBHOOK_ALLOWED_HOSTS). */
 export class NonPublicAddressError extends Error {
@@ -50,12 +56,13 @@ export class NonPublicAddressError extends Error {
 }
 
 /**
- * `dns.lookup` for the connections of webhooks to hosts not on an allow-list: the addresses that
- * are not public are dropped before the connection is made, so a name that resolves (or is
- * rebound) to an internal address cannot reach it.
+ * A `lookup` for the connections of webhooks to hosts not on an allow-list: `resolve`'s
+ * addresses that are not public are dropped before the connection is made, so a name that
+ * resolves (or is rebound) to an internal address cannot reach it. Node makes no lookup for an
+ * address written in the URL: checkCallbackUrl refuses those before each delivery.
  */
-export const publicOnlyLookup: LookupFunction = (hostname, options, callback) => {
-  lookup(hostname, { ...options, all: true }, (err: NodeJS.ErrnoException | null, found: LookupAddress[]) => {
+export const publicOnly = (resolve: typeof lookup): LookupFunction => (hostname, options, callback) => {
+  resolve(hostname, { ...options, all: true }, (err: NodeJS.ErrnoException | null, found: LookupAddress[]) => {
     if (err) return callback(err, '', 0);
     const usable = found.filter((a) => isPublicAddress(a.address));
     if (usable.length === 0) return callback(new NonPublicAddressError(`${hostname} resolves to no public address`), '', 0);
@@ -63,6 +70,9 @@ export const publicOnlyLookup: LookupFunction = (hostname, options, callback) =>
     callback(null, usable[0]!.address, usable[0]!.family);
   });
 };
+
+/** `dns.lookup`, public addresses only. */
+export const publicOnlyLookup: LookupFunction = publicOnly(lookup);
 
 /** Checks a caller's callbackUrl: http(s) only, no credentials, and a host on the allow-list (or, with none, not an internal address). */
 export function checkCallbackUrl(text: string, { secret, allowedHosts }: Pick<WebhookOptions, 'secret' | 'allowedHosts'>): string {
@@ -155,7 +165,8 @@ export interface WebhookWorker {
 export function startWebhookWorker(options: WebhookWorkerOptions): WebhookWorker {
   const { connection, keys, batches, secret, logger, concurrency = DEFAULT_CONCURRENCY } = options;
   if (!secret) throw new Error('startWebhookWorker: expected a secret (WEBHOOK_SECRET) to sign with, got none');
-  // Without an allow-list, connections go to public addresses only.
+  // Without an allow-list, names resolve to their public addresses only (addresses written in
+  // the URL are checked by checkCallbackUrl in sendOnce).
   const dispatcher = new Agent(options.allowedHosts.length === 0 ? { connect: { lookup: publicOnlyLookup } } : {});
   const worker = new Worker<WebhookJobData>(keys.webhookQueueName, (job) => sendOnce(job, batches, secret, options, dispatcher), { connection, prefix: keys.prefix, concurrency });
   worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'webhook worker error'));

@@ -1,8 +1,11 @@
 import type { FastifyInstance } from 'fastify';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyWebhookSignature } from '../../client/index.js';
 import { buildApp } from '../../producer/app.js';
+import { webhookJobId } from '../../shared/queue.js';
 import { Client } from '../helpers/client.js';
 import { configFrom, testEnv } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -130,10 +133,26 @@ describe('webhooks', () => {
 describe('webhooks without an allow-list', () => {
   it('go to public addresses only: an internal address is refused at once, and a name that resolves to one is never connected to', async () => {
     const open = testEnv({ WEBHOOK_SECRET: SECRET });
-    const openApp = await buildApp({ config: configFrom(open.env) });
+    const apps: FastifyInstance[] = [];
+    const webhookJobs = new Queue('webhooks', { connection: new Redis(open.env['REDIS_URL']!, { maxRetriesPerRequest: null }), prefix: open.env['KEYFLEET_PREFIX']! });
     let openWorker: RunningProcess | undefined;
+    /** The webhook job of a batch, once it has run: its state and attempts. */
+    const settled = async (batchId: string) => {
+      for (let i = 0; i < 200; i++) {
+        const job = await webhookJobs.getJob(webhookJobId(batchId));
+        const state = job ? await job.getState() : 'missing';
+        if (state === 'completed' || state === 'failed') return { state, attemptsMade: job!.attemptsMade };
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      throw new Error(`the webhook job of ${batchId} did not settle`);
+    };
     try {
-      const openClient = new Client(await openApp.listen({ host: '127.0.0.1', port: 0 }), open.admin.token);
+      const start = async (overrides: Record<string, string> = {}) => {
+        const made = await buildApp({ config: configFrom({ ...open.env, ...overrides }) });
+        apps.push(made);
+        return new Client(await made.listen({ host: '127.0.0.1', port: 0 }), open.admin.token);
+      };
+      const openClient = await start();
       openWorker = await startWorker(open.env);
       expect((await openClient.json('POST', '/v1/keys/serials')).status).toBe(201);
       for (const bad of [receiverUrl, 'http://[::1]/hook', 'http://169.254.169.254/latest/meta-data/', 'http://10.0.0.1/hook']) {
@@ -141,21 +160,36 @@ describe('webhooks without an allow-list', () => {
         expect(res.status, bad).toBe(400);
         expect(res.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
       }
+
       // The receiver by a name that resolves to loopback: accepted, then refused when resolved.
       const byName = receiverUrl.replace('127.0.0.1', 'localhost');
-      const submitted = await openClient.uploadNdjson('encrypt', 'serials', ['a', 'b', 'c'], `&callbackUrl=${encodeURIComponent(byName)}`);
-      expect(submitted.status).toBe(202);
-      const batchId = submitted.body.batchId as string;
-      expect((await openClient.waitForBatch(batchId)).status).toBe('completed');
-      const line = JSON.parse(await openWorker.waitFor(/webhook not sent: its host resolves to no public address/));
-      expect(line).toMatchObject({ batchId, webhookHost: new URL(byName).host, attempt: 1 });
-      // Not retried, and nothing reached the receiver.
-      await new Promise((r) => setTimeout(r, 1_500));
-      expect(openWorker.lines.filter((l) => l.includes(batchId) && l.includes('webhook'))).toHaveLength(1);
-      expect(deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId)).toEqual([]);
+      const named = await openClient.uploadNdjson('encrypt', 'serials', ['a', 'b', 'c'], `&callbackUrl=${encodeURIComponent(byName)}`);
+      expect(named.status).toBe(202);
+      const namedId = named.body.batchId as string;
+      expect((await openClient.waitForBatch(namedId)).status).toBe('completed');
+      // One attempt, ended without a retry.
+      expect(await settled(namedId)).toEqual({ state: 'completed', attemptsMade: 1 });
+      expect(openWorker.lines.filter((l) => l.includes(namedId) && l.includes('webhook')).map((l) => JSON.parse(l).msg)).toEqual([
+        'webhook not sent: its host resolves to no public address (not retried; WEBHOOK_ALLOWED_HOSTS may allow it)',
+      ]);
+
+      // A batch made by an API that allows the address (settings differ, or changed since):
+      // the sending worker holds it to its own settings.
+      const lenient = await start({ WEBHOOK_ALLOWED_HOSTS: '127.0.0.1' });
+      const literal = await lenient.uploadNdjson('encrypt', 'serials', ['d'], `&callbackUrl=${encodeURIComponent(receiverUrl)}`);
+      expect(literal.status).toBe(202);
+      const literalId = literal.body.batchId as string;
+      expect((await openClient.waitForBatch(literalId)).status).toBe('completed');
+      expect(await settled(literalId)).toEqual({ state: 'completed', attemptsMade: 1 });
+      expect(openWorker.lines.some((l) => l.includes(literalId) && l.includes('webhook not sent: its callbackUrl is not allowed here'))).toBe(true);
+
+      // Nothing reached the receiver.
+      expect(deliveries.filter((d) => [namedId, literalId].includes(d.headers['keyfleet-delivery'] as string))).toEqual([]);
     } finally {
       await openWorker?.stop();
-      await openApp.close();
+      await Promise.all(apps.map((a) => a.close()));
+      await webhookJobs.close();
+      await webhookJobs.disconnect();
     }
   });
 });
