@@ -211,6 +211,9 @@ describe('idempotency', () => {
     const retry = await upload(app, admin, 'encrypt', items, { 'idempotency-key': 'answer-lost' });
     expect(retry.statusCode).toBe(409);
     expect(retry.json().error.code).toBe('KF_IDEMPOTENCY_IN_PROGRESS');
+    const syncRetry = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['A', 'B'] }, { 'idempotency-key': 'sync-answer-lost' });
+    expect(syncRetry.statusCode).toBe(409);
+    expect(syncRetry.json().error.code).toBe('KF_IDEMPOTENCY_IN_PROGRESS');
     expect((await redis.smembers(tenantBatches)).filter((id) => !before.has(id))).toEqual([first.json().batchId]);
   });
 
