@@ -68,6 +68,15 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   });
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
+  // The API takes JSON bodies (and, for uploads, NDJSON: routes/batches.ts); text/plain is a 415.
+  app.removeContentTypeParser('text/plain');
+  // A query parameter an API route does not take is a 400, as an unknown body field is: a
+  // mistyped one must not be ignored (routes that take parameters refuse unknown ones in their schema).
+  app.addHook('preValidation', async (request) => {
+    if (!request.url.startsWith('/v1/') || request.routeOptions.schema?.querystring) return;
+    const unknown = Object.keys(request.query as Record<string, unknown>);
+    if (unknown.length > 0) throw new KeyfleetError('KF_VALIDATION', `querystring: unrecognized parameter(s) ${unknown.slice(0, 5).map((k) => JSON.stringify(k.slice(0, 64))).join(', ')}`);
+  });
 
   const services = createApiServices(config, app.log as Logger);
   app.decorate('services', services);

@@ -104,11 +104,11 @@ export const createBatchQuery = z.object({
   context: context.optional(),
   /** op=rewrap only: re-encrypt into this key (migration). */
   targetKey: keyName.optional(),
-});
+}).strict(); // a mistyped parameter (ctx= for context=) is a 400, not a batch without it
 export const resultsQuery = z.object({
   /** The first item to send: a client that lost its download resumes from the lines it kept. */
   from: z.coerce.number().int().min(0).default(0),
-});
+}).strict();
 export const batchParams = z.object({ id: z.string().regex(/^[A-Za-z0-9_-]{8,64}$/, 'expected a batch id') });
 export const batchAccepted = z.object({ batchId: z.string(), status: z.enum(BATCH_STATUSES), total: z.number().int() });
 export const batchStatus = z.object({

@@ -28,7 +28,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance) => {
       const where = err.validationContext ?? 'request';
       const detail = err.validation
         .slice(0, 5)
-        .map((v) => `${where}${v.instancePath.replaceAll('/', '.')}: ${v.message}`)
+        .map((v) => `${[where, ...v.instancePath.split('/').filter(Boolean)].join('.')}: ${v.message}`)
         .join('; ');
       error = new KeyfleetError('KF_VALIDATION', detail);
     } else if (err.code && FASTIFY_CODES[err.code]) {

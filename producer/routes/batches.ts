@@ -37,8 +37,8 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
-    const body = request.body as AsyncIterable<Buffer> | undefined;
-    if (!body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
+    if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
+    const body = idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds, () => void reply.header('connection', 'close'));
     const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX (NDJSON lines, JSON elements)
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
@@ -116,6 +116,34 @@ async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: 
     webhooks.deliver(batches, id);
   }
   return batch;
+}
+
+/**
+ * The body, failing with 408 KF_REQUEST_TIMEOUT when nothing arrives for `seconds`
+ * (UPLOAD_IDLE_SECONDS), so that a client stalled mid-upload does not hold its batch open.
+ * The read left waiting is abandoned; `onIdle` marks the connection to close after the answer.
+ */
+async function* idleBounded(body: AsyncIterable<Buffer>, seconds: number, onIdle: () => void): AsyncGenerator<Buffer> {
+  const pieces = body[Symbol.asyncIterator]();
+  for (;;) {
+    let timer: NodeJS.Timeout | undefined;
+    const idle = new Promise<never>((_resolve, fail) => {
+      timer = setTimeout(() => {
+        onIdle();
+        fail(new KeyfleetError('KF_REQUEST_TIMEOUT', `the upload sent nothing for ${seconds} s (UPLOAD_IDLE_SECONDS)`));
+      }, seconds * 1000);
+    });
+    const next = pieces.next();
+    next.catch(() => {}); // settles after the timeout, if ever: nobody waits for it then
+    let piece: IteratorResult<Buffer>;
+    try {
+      piece = await Promise.race([next, idle]);
+    } finally {
+      clearTimeout(timer); // only waiting on the client counts, not the time the piece takes to store
+    }
+    if (piece.done) return;
+    yield piece.value;
+  }
 }
 
 /** Passes the body through while hashing it. */

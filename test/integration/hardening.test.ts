@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import { request as httpRequest } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { call, TestApis } from '../helpers/apps.js';
@@ -75,6 +76,53 @@ describe('limits', () => {
     expect((await upload(app, other, 'encrypt', ['d'])).statusCode).toBe(202);
     await call(app, admin, 'DELETE', `/v1/batches/${first.json().batchId}`);
     expect((await upload(app, admin, 'encrypt', ['e'])).statusCode).toBe(202);
+  });
+
+  it('refuses query parameters a route does not take, and bodies that are not JSON, instead of ignoring them', async () => {
+    // A mistyped context (ctx=) must not make a batch without one.
+    const typo = await call(app, admin, 'POST', '/v1/batches?op=encrypt&key=serials&ctx=tenant%3Dacme', ndjson(['a']), { 'content-type': 'application/x-ndjson' });
+    expect(typo.statusCode).toBe(400);
+    expect(typo.json().error).toEqual({ code: 'KF_VALIDATION', message: expect.stringContaining('ctx') });
+    const onSync = await call(app, admin, 'POST', '/v1/encrypt/serials?mode=sync', { items: ['a'] });
+    expect(onSync.statusCode).toBe(400);
+    expect(onSync.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring: unrecognized parameter(s) "mode"' });
+    expect((await call(app, admin, 'GET', '/v1/keys/serials?verbose=1')).statusCode).toBe(400);
+    // Parameters a route does take still work.
+    expect((await call(app, admin, 'GET', '/v1/keys/serials')).statusCode).toBe(200);
+    const plain = await call(app, admin, 'POST', '/v1/encrypt/serials', 'LIC-1', { 'content-type': 'text/plain' });
+    expect(plain.statusCode).toBe(415);
+    expect(plain.json().error.code).toBe('KF_UNSUPPORTED_MEDIA_TYPE');
+    // A field at the top of the body is named without a stray dot.
+    const field = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['a'], typo: 1 });
+    expect(field.statusCode).toBe(400);
+    expect(field.json().error.message).toMatch(/^body: /);
+  });
+
+  it('fails an upload that sends nothing for UPLOAD_IDLE_SECONDS with 408, and its batch with it', async () => {
+    const idle = testEnv({ UPLOAD_IDLE_SECONDS: '3' });
+    const idleApp = await api(idle.env);
+    expect((await call(idleApp, idle.admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+    const address = await idleApp.listen({ host: '127.0.0.1', port: 0 });
+    const started = Date.now();
+    // Three items, then the client goes quiet (and would stay so for 20 s).
+    const answer = await new Promise<{ status: number; body: string; connection: string | undefined }>((resolve, reject) => {
+      const req = httpRequest(`${address}/v1/batches?op=encrypt&key=serials`, { method: 'POST', headers: { authorization: `Bearer ${idle.admin.token}`, 'content-type': 'application/x-ndjson' } }, (res) => {
+        let body = '';
+        res.setEncoding('utf8').on('data', (d) => (body += d)).on('end', () => resolve({ status: res.statusCode!, body, connection: res.headers.connection }));
+      });
+      req.on('error', reject);
+      req.write('"a"\n"b"\n"c');
+      const quiet = setTimeout(() => req.end('"\n'), 20_000);
+      req.on('close', () => clearTimeout(quiet));
+    });
+    expect(answer.status).toBe(408);
+    expect(JSON.parse(answer.body).error).toEqual({ code: 'KF_REQUEST_TIMEOUT', message: 'the upload sent nothing for 3 s (UPLOAD_IDLE_SECONDS)' });
+    expect(answer.connection).toBe('close');
+    expect(Date.now() - started).toBeLessThan(15_000);
+    const prefix = idle.env['KEYFLEET_PREFIX']!;
+    const [batchId] = await redis.smembers(`${prefix}:tenant:acme:batches`);
+    const status = await call(idleApp, idle.admin, 'GET', `/v1/batches/${batchId}`);
+    expect(status.json()).toMatchObject({ status: 'failed', error: { code: 'KF_REQUEST_TIMEOUT' } });
   });
 });
 
