@@ -59,11 +59,8 @@ export function checkTargetKey(op: BatchSpec['op'], key: string, targetKey: stri
 async function checkKeys(app: FastifyInstance, { tenant, op, key, targetKey, context }: BatchSpec): Promise<void> {
   const { keyCache, keyPolicy } = app.services;
   checkTargetKey(op, key, targetKey);
-  if (op === 'decrypt') {
-    await keyCache.get(tenant, key);
-    return;
-  }
-  if (targetKey) await keyCache.get(tenant, key);
-  const sealing = await keyPolicy.forEncryption(tenant, targetKey ?? key);
-  if (sealing.convergent && context === undefined) throw new KeyfleetError('KF_CONTEXT_REQUIRED', 'a convergent key needs a context: pass context= for the batch');
+  const opening = op === 'decrypt' || targetKey ? await keyCache.get(tenant, key) : undefined;
+  const sealing = op === 'decrypt' ? undefined : await keyPolicy.forEncryption(tenant, targetKey ?? key);
+  // A convergent key sealed everything under a context, so every operation on one needs it.
+  if ((opening?.convergent || sealing?.convergent) && context === undefined) throw new KeyfleetError('KF_CONTEXT_REQUIRED', 'a convergent key needs a context: pass context= for the batch');
 }

@@ -64,7 +64,8 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
           op === 'decrypt' || targetKey ? keyCache.get(tenant, key, { fresh }) : keyPolicy.forEncryption(tenant, key, { version: keyVersion, fresh });
         let ring = await ringOf(false);
         const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey) : undefined;
-        if ((target ?? ring).convergent && op !== 'decrypt' && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
+        // A convergent key sealed everything under a context, so every operation on one needs it.
+        if ((ring.convergent || target?.convergent) && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
         const syncRequest = { op, items: texts, encoding, maxItemBytes, ...(contexts ? { contexts } : {}), ...(target ? { target } : {}) };
         let outcome = runSync(syncRequest, ring, kernel);
         if (outcome.newerVersionSeen) {

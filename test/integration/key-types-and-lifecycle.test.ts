@@ -80,6 +80,22 @@ describe('key types, context and convergent keys', () => {
     expect(none.json().error.code).toBe('KF_CONTEXT_REQUIRED');
     const noBatchContext = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=serial-index', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: '"SN-1"\n' });
     expect(noBatchContext.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    // Decrypt and rewrap need it too, on the sync path and for batches: refused up front, not
+    // item by item; with it, decrypt gives the plaintexts back.
+    const sealed = one.map((r) => r.ciphertext!);
+    for (const [op, body] of [['decrypt', { items: sealed }], ['rewrap', { items: sealed }], ['rewrap', { items: sealed, targetKey: 'serials-plain' }]] as const) {
+      if (op === 'rewrap' && 'targetKey' in body) expect((await call(app, admin, 'POST', '/v1/keys/serials-plain')).statusCode).toBeLessThan(300);
+      const refused = await call(app, admin, 'POST', `/v1/${op}/serial-index`, body);
+      expect(refused.statusCode, `${op} ${JSON.stringify(Object.keys(body))}`).toBe(400);
+      expect(refused.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    }
+    for (const query of ['op=decrypt&key=serial-index', 'op=rewrap&key=serial-index&targetKey=serials-plain']) {
+      const batch = await app.inject({ method: 'POST', url: `/v1/batches?${query}`, headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: `${JSON.stringify(sealed[0])}\n` });
+      expect(batch.statusCode, query).toBe(400);
+      expect(batch.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    }
+    const opened = await results(app, admin, 'decrypt', 'serial-index', { context: 'serials', items: sealed });
+    expect(opened.map((r) => r.plaintext)).toEqual(['SN-1', 'SN-1', 'SN-2']);
     // Changing the key's convergence under the same name is refused.
     expect((await call(app, admin, 'POST', '/v1/keys/serial-index', { convergent: false })).statusCode).toBe(409);
   });
