@@ -41,7 +41,10 @@ export async function submitBatch(
     await intake.finish();
   } catch (err) {
     const error = err instanceof KeyfleetError ? err : isAbort(err) ? new KeyfleetError('KF_UPLOAD_ABORTED', undefined, { cause: err }) : undefined;
-    if (await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) app.services.webhooks.deliver(batches, batchId);
+    if (await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) {
+      app.services.metrics.batches.inc({ event: 'failed' });
+      app.services.webhooks.deliver(batches, batchId);
+    }
     throw error ?? err;
   }
   return { batchId, total: intake.total };

@@ -113,6 +113,7 @@ async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: 
   // An upload whose API died shows as failed, not as queued for ever.
   if (!batch.sealed && (batch.status === 'queued' || batch.status === 'running') && (await batches.failIfAbandoned(id))) {
     batch = (await batches.get(id)) ?? batch;
+    app.services.metrics.batches.inc({ event: 'failed' });
     webhooks.deliver(batches, id);
   }
   return batch;

@@ -59,10 +59,13 @@ describe('limits', () => {
     await call(app, admin, 'DELETE', `/v1/batches/${batch.json().batchId}`);
   });
 
-  it('refuses a batch of more than MAX_BATCH_ITEMS with 413, and that batch never runs', async () => {
+  it('refuses a batch of more than MAX_BATCH_ITEMS with 413, and that batch never runs (it counts as failed)', async () => {
+    const failed = async () => Number(/^keyfleet_batches_total\{event="failed"[^}]*\} (\d+)$/m.exec((await app.inject('/metrics')).body)?.[1] ?? 0);
+    const before = await failed();
     const res = await upload(app, admin, 'encrypt', Array.from({ length: 101 }, (_, i) => `S-${i}`));
     expect(res.statusCode).toBe(413);
     expect(res.json().error).toMatchObject({ code: 'KF_BATCH_TOO_LARGE', message: expect.stringContaining('100') });
+    expect(await failed()).toBe(before + 1);
   });
 
   it('allows MAX_ACTIVE_BATCHES batches queued at once per tenant: the next is 429, other tenants are unaffected, and a slot frees when one ends', async () => {
