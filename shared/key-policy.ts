@@ -41,11 +41,12 @@ export class KeyPolicy {
   }
 
   /**
-   * The ring to encrypt under, after any rotation that is due: sealing under the latest
-   * version, or under `version` when the caller pins one. Either way the version that seals is
-   * the one whose budget is checked (and counted, by `counted`). `fresh` reloads the key first.
+   * The ring to encrypt `count` items under, after any rotation that is due: sealing under the
+   * latest version, or under `version` when the caller pins one. Either way the version that
+   * seals is the one whose budget is checked (and counted, by `counted`): refused when the
+   * items would take it past the limit. `fresh` reloads the key first.
    */
-  async forEncryption(tenant: string, name: string, { version, fresh = false }: { version?: number; fresh?: boolean } = {}): Promise<KeyRing> {
+  async forEncryption(tenant: string, name: string, { version, fresh = false, count = 1 }: { version?: number; fresh?: boolean; count?: number } = {}): Promise<KeyRing> {
     let key = await this.#cache.loaded(tenant, name, { fresh });
     if (key.ring.type === 'legacy-aes256-cbc') {
       throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy-aes256-cbc key only decrypts and rewraps (into another key with targetKey)');
@@ -60,7 +61,7 @@ export class KeyPolicy {
     }
     const ring = version === undefined ? key.ring : pinned(key.ring, version);
     const sealingUsed = this.#used(tenant, name, ring.latestVersion, key.encryptions.get(ring.latestVersion) ?? 0);
-    if (budgeted(ring) && sealingUsed >= this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
+    if (budgeted(ring) && sealingUsed + count > this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
     return ring;
   }
 

@@ -104,7 +104,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
 
 async function sealingRing(keyPolicy: KeyPolicy, data: ChunkJobData, key: string): Promise<KeyRing> {
   try {
-    return await keyPolicy.forEncryption(data.tenant, key);
+    return await keyPolicy.forEncryption(data.tenant, key, { count: data.count });
   } catch (err) {
     // A key gone, or one that cannot encrypt (legacy, nonce budget spent): no retry will help.
     if (err instanceof KeyfleetError && err.status < 500) throw new UnrecoverableError(`key ${key}: ${err.code} ${err.message}`);

@@ -61,9 +61,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         // due) or the pinned keyVersion; a rewrap with targetKey opens with this key and seals
         // under the target.
         const ringOf = (fresh: boolean): Promise<KeyRing> =>
-          op === 'decrypt' || targetKey ? keyCache.get(tenant, key, { fresh }) : keyPolicy.forEncryption(tenant, key, { version: keyVersion, fresh });
+          op === 'decrypt' || targetKey ? keyCache.get(tenant, key, { fresh }) : keyPolicy.forEncryption(tenant, key, { version: keyVersion, fresh, count: texts.length });
         let ring = await ringOf(false);
-        const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey) : undefined;
+        const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey, { count: texts.length }) : undefined;
         // A convergent key sealed everything under a context, so every operation on one needs it.
         if ((ring.convergent || target?.convergent) && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
         const syncRequest = { op, items: texts, encoding, maxItemBytes, ...(contexts ? { contexts } : {}), ...(target ? { target } : {}) };

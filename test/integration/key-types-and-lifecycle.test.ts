@@ -177,6 +177,29 @@ describe('nonce budget and automatic rotation', () => {
     expect(await redis.hget(hash, 'n:1')).toBe('5');
   });
 
+  it('refuses a request or a chunk whose items would take the version past NONCE_LIMIT, whole and before sealing any', async () => {
+    const { env, admin } = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '100' });
+    const app = await api(env);
+    const prefix = env['KEYFLEET_PREFIX']!;
+    await call(app, admin, 'POST', '/v1/keys/edge');
+    await results(app, admin, 'encrypt', 'edge', { items: Array(8).fill('x') });
+    const over = await call(app, admin, 'POST', '/v1/encrypt/edge', { items: Array(3).fill('y') });
+    expect(over.statusCode).toBe(409);
+    expect(over.json().error.code).toBe('KF_NONCE_BUDGET_EXHAUSTED');
+    expect(await results(app, admin, 'encrypt', 'edge', { items: ['a', 'b'] })).toHaveLength(2); // exactly up to the limit
+    for (let i = 0; i < 100 && (await redis.hget(`${prefix}:key:acme:edge`, 'n:1')) !== '10'; i++) await sleep(20);
+    expect(await redis.hget(`${prefix}:key:acme:edge`, 'n:1')).toBe('10');
+
+    // In a batch, a chunk of 11 items under a fresh key with a budget of 10.
+    await call(app, admin, 'POST', '/v1/keys/edge-batch');
+    workers.push(await startWorker(env));
+    const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=edge-batch', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: Array(11).fill('"z"').join('\n') + '\n' });
+    expect(upload.statusCode).toBe(202);
+    const ended = await waitFor(app, admin, upload.json().batchId);
+    expect(ended).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
+    expect(await redis.hget(`${prefix}:key:acme:edge-batch`, 'n:1')).toBeNull();
+  });
+
   it('a rewrap that meets a version rotated in by another API seals under that version and counts against it', async () => {
     const { env, admin } = testEnv();
     const [a, b] = [await api(env), await api(env)];
