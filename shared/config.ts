@@ -66,7 +66,7 @@ const envSchema = z.object({
   MAX_ACTIVE_BATCHES: int(1).default(32),
   /**
    * Backpressure: when the items stored and not yet processed, over every batch, pass this, new
-   * batches get 429 with Retry-After. Each queued item holds about 100 bytes of Redis memory.
+   * batches get 429 with Retry-After. Each queued 32-byte item holds about 40 bytes of Redis memory (its results about 70).
    */
   MAX_BACKLOG_ITEMS: int(1).default(20_000_000),
   /**

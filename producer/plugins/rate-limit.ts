@@ -41,8 +41,8 @@ export const SYNC_RATE_LIMIT = { groupId: 'sync' } as const;
 /**
  * Per-tenant rate limits counted in Redis (@fastify/rate-limit's Redis store), so every API
  * replica draws on one budget, and the sync routes on one budget between them. It runs after authentication (preHandler) to know the tenant.
- * When Redis is down it lets requests through: the sync path needs no Redis, and a limiter
- * should not turn a Redis outage into a full one.
+ * When Redis is down it lets requests through: the sync path goes on with the keys it has
+ * cached, and a limiter should not turn a Redis outage into a full one.
  */
 export const rateLimitPlugin = fp(async (app: FastifyInstance, { redis, prefix, perSecond }: RateLimitOptions) => {
   if (perSecond === 0) return;
