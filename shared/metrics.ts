@@ -1,10 +1,19 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { KEY_TYPES } from './crypto/key-ring.js';
+import { BATCH_OPS } from './schemas.js';
 
 /**
  * Prometheus metrics. Every label has a small, fixed set of values (ops, key types, outcomes,
  * route templates, states): no key name, tenant, batch id, token or item ever becomes a label.
  */
 export const OUTCOMES = ['success', 'failure'] as const;
+/** Why KeyPolicy rotated a key by itself. */
+const ROTATION_REASONS = ['nonce_budget', 'period'] as const;
+/** Batch events each process decides: the API sees uploads end, a worker sees processing end. */
+const API_BATCH_EVENTS = ['created', 'cancelled', 'failed'] as const;
+const WORKER_BATCH_EVENTS = ['completed', 'failed'] as const;
+const CHUNK_OUTCOMES = ['counted', 'duplicate', 'skipped', 'failed'] as const;
+const ROUTING_DECISIONS = ['sync', 'async'] as const;
 
 export function createRegistry(component: 'api' | 'worker'): Registry {
   const registry = new Registry();
@@ -23,7 +32,8 @@ export class CryptoMetrics {
   readonly nonceBudgetUsed: Gauge;
   readonly autoRotations: Counter<'reason'>;
 
-  constructor(registry: Registry) {
+  /** `path` is the only one this process counts items on: sync in the API, batch in a worker. */
+  constructor(registry: Registry, path: 'sync' | 'batch') {
     this.nonceBudgetUsed = new Gauge({
       name: 'keyfleet_nonce_budget_max_used_ratio',
       help: 'Highest share of the nonce budget (NONCE_LIMIT encryptions) used by any random-nonce AES-GCM key version, 0..1; keys rotate at NONCE_ROTATE_SHARE.',
@@ -41,6 +51,11 @@ export class CryptoMetrics {
       labelNames: ['op', 'key_type', 'outcome', 'path'],
       registers: [registry],
     });
+    zeroed(this.autoRotations, ROTATION_REASONS.map((reason) => ({ reason })));
+    // Ops x key types x outcomes, 16 series (legacy keys never encrypt), so that the first failed
+    // item of each counts in KeyfleetHighErrorRate.
+    const kinds = BATCH_OPS.flatMap((op) => KEY_TYPES.filter((type) => op !== 'encrypt' || type !== 'legacy-aes256-cbc').map((type) => ({ op, key_type: type })));
+    zeroed(this.items, kinds.flatMap((kind) => OUTCOMES.map((outcome) => ({ ...kind, outcome, path }))));
   }
 
   countItems(op: string, keyType: string, path: 'sync' | 'batch', succeeded: number, failed: number): void {
@@ -65,13 +80,23 @@ function bound<T>(children: Map<string, T>, id: string, bind: () => T): T {
   return child;
 }
 
+/**
+ * Exports every series of a labelled counter at 0 from the start. prom-client creates a series
+ * at its first increment, and rate()/increase() need a sample before that one: a counter born
+ * at 1 shows no increase, so the first failure after each (re)start would be invisible to the
+ * dashboard and to the alerts. Only the fixed label values a process can count are listed.
+ */
+function zeroed<T extends string>(counter: Counter<T>, labelSets: ReadonlyArray<Partial<Record<T, string>>>): void {
+  for (const labels of labelSets) counter.inc(labels, 0);
+}
+
 export class ApiMetrics extends CryptoMetrics {
   readonly httpDuration: Histogram<'method' | 'route' | 'status_code'>;
   readonly routing: Counter<'decision'>;
   readonly batches: Counter<'event'>;
 
   constructor(registry: Registry) {
-    super(registry);
+    super(registry, 'sync');
     this.httpDuration = new Histogram({
       name: 'keyfleet_http_request_duration_seconds',
       help: 'HTTP request duration by method, route template and status code.',
@@ -91,6 +116,9 @@ export class ApiMetrics extends CryptoMetrics {
       labelNames: ['event'],
       registers: [registry],
     });
+    // The HTTP histogram is left out: its routes x status codes are not known in advance.
+    zeroed(this.routing, ROUTING_DECISIONS.map((decision) => ({ decision })));
+    zeroed(this.batches, API_BATCH_EVENTS.map((event) => ({ event })));
   }
 
   readonly #requests = new Map<string, { observe(seconds: number): void }>();
@@ -111,7 +139,7 @@ export class WorkerMetrics extends CryptoMetrics {
   readonly chunks: Counter<'outcome'>;
 
   constructor(registry: Registry, pool: { busySeconds: number; queueSize: number; threads: number }) {
-    super(registry);
+    super(registry, 'batch');
     this.chunkDuration = new Histogram({
       name: 'keyfleet_chunk_duration_seconds',
       help: 'Time to process one chunk in a worker: read inputs, crypto in a thread, store results.',
@@ -131,6 +159,8 @@ export class WorkerMetrics extends CryptoMetrics {
       labelNames: ['outcome'],
       registers: [registry],
     });
+    zeroed(this.batches, WORKER_BATCH_EVENTS.map((event) => ({ event })));
+    zeroed(this.chunks, CHUNK_OUTCOMES.map((outcome) => ({ outcome })));
     const poolGauge = (name: string, help: string, read: () => number): void => {
       new Gauge({ name, help, registers: [registry], collect() { this.set(read()); } });
     };

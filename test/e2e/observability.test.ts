@@ -1,9 +1,10 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { chromium, type Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
 import { freePort } from '../helpers/net.js';
@@ -79,30 +80,32 @@ describe('operators see a batch', () => {
     for (const secret of ['obs-1', 'obs-59999', admin.token, encryptOnly.token, env['KEYFLEET_MASTER_KEY']!]) expect(all).not.toContain(secret);
   });
 
-  it('in a real Prometheus that scrapes the API and both workers', async () => {
+  it('in a real Prometheus that scrapes the API and both workers, under one job as pod annotations do', async () => {
     const promPort = await freePort();
     const config = join(tmp, 'prometheus.yml');
     const apiTarget = new URL(client.base).host;
+    // One job for every target and not called keyfleet-*, like Kubernetes pod-annotation discovery
+    // (deploy/k8s): what the dashboard and the alerts query must not depend on.
+    const targets = [`"${apiTarget}"`, ...workerPorts.map((p) => `"127.0.0.1:${p}"`)].join(', ');
     writeFileSync(
       config,
       [
         'global: { scrape_interval: 1s, evaluation_interval: 1s }',
         'scrape_configs:',
-        `  - { job_name: keyfleet-api, static_configs: [{ targets: ["${apiTarget}"] }] }`,
-        `  - { job_name: keyfleet-worker, static_configs: [{ targets: [${workerPorts.map((p) => `"127.0.0.1:${p}"`).join(', ')}] }] }`,
+        `  - { job_name: kubernetes-pods, static_configs: [{ targets: [${targets}] }] }`,
       ].join('\n') + '\n',
     );
     const prometheus = spawn('prometheus', [`--config.file=${config}`, `--storage.tsdb.path=${join(tmp, 'tsdb')}`, `--web.listen-address=127.0.0.1:${promPort}`], { stdio: 'ignore' });
     try {
-      const ask = async (promql: string): Promise<number> => {
+      const query = async (promql: string): Promise<Array<{ metric: Record<string, string>; value: [number, string] }> | undefined> => {
         try {
           const res = await fetch(`http://127.0.0.1:${promPort}/api/v1/query?query=${encodeURIComponent(promql)}`);
-          const body = (await res.json()) as { data: { result: Array<{ value: [number, string] }> } };
-          return Number(body.data.result[0]?.value[1] ?? -1);
+          return ((await res.json()) as { data: { result: Array<{ metric: Record<string, string>; value: [number, string] }> } }).data.result;
         } catch {
-          return -1; // Prometheus still starting
+          return undefined; // Prometheus still starting
         }
       };
+      const ask = async (promql: string): Promise<number> => Number((await query(promql))?.[0]?.value[1] ?? -1);
       let value = -1;
       let up = -1;
       const deadline = Date.now() + 45_000;
@@ -114,6 +117,16 @@ describe('operators see a batch', () => {
       }
       expect(value).toBe(BATCH_ITEMS);
       expect(up).toBe(3);
+
+      const root = resolve(import.meta.dirname, '..', '..');
+      const dashboard = JSON.parse(readFileSync(resolve(root, 'dashboards/grafana/dashboards/keyfleet.json'), 'utf8')) as { panels: Array<{ title: string; targets?: Array<{ expr: string }> }> };
+      const workerPanels = dashboard.panels.filter((p) => p.title === 'Workers alive');
+      expect(workerPanels).toHaveLength(2);
+      for (const { title, targets } of workerPanels) for (const { expr } of targets ?? []) expect(await ask(expr), `${title}: ${expr}`).toBe(2);
+      // A healthy stack: every alert's expression is empty, KeyfleetApiDown's absent() included.
+      const rules = (parse(readFileSync(resolve(root, 'dashboards/alerts.yml'), 'utf8')) as { groups: Array<{ rules: Array<{ alert: string; expr: string }> }> }).groups.flatMap((g) => g.rules);
+      expect(rules.map((r) => r.alert)).toContain('KeyfleetApiDown');
+      for (const { alert, expr } of rules) expect(await query(expr), alert).toEqual([]);
     } finally {
       const exited = new Promise((done) => prometheus.once('exit', done));
       prometheus.kill('SIGTERM');

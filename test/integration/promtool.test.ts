@@ -88,11 +88,11 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
     expect(config['scrape_configs'][1].dns_sd_configs).toEqual([expect.objectContaining({ names: ['worker'], type: 'A', port: 9464 })]);
   });
 
-  it('accepts dashboards/alerts.yml, which defines the five keyfleet alerts with summaries and descriptions', () => {
+  it('accepts dashboards/alerts.yml, which defines the six keyfleet alerts with summaries and descriptions', () => {
     const run = promtool(['check', 'rules', alertsFile]);
     expect(run.status, run.output).toBe(0);
     const rules = alertRules();
-    expect(rules.map((r) => r['alert']).sort()).toEqual(['KeyfleetApiDown', 'KeyfleetBacklogGrowing', 'KeyfleetHighErrorRate', 'KeyfleetNoWorkerAlive', 'KeyfleetRedisUnreachable']);
+    expect(rules.map((r) => r['alert']).sort()).toEqual(['KeyfleetApiDown', 'KeyfleetBacklogGrowing', 'KeyfleetChunksFailing', 'KeyfleetHighErrorRate', 'KeyfleetNoWorkerAlive', 'KeyfleetRedisUnreachable']);
     for (const r of rules) {
       expect(r['annotations']?.summary, r['alert']).toBeTruthy();
       expect(r['annotations']?.description, r['alert']).toMatch(/Runbook:/);
@@ -103,6 +103,8 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
   it('fires each alert in the situation it is written for, and stays quiet in the healthy neighbour', () => {
     const api = 'component="api",instance="api:8080",job="keyfleet-api"';
     const worker = 'component="worker",instance="10.0.0.5:9464",job="keyfleet-worker"';
+    // Kubernetes pod-annotation discovery (deploy/k8s): one job for every pod, not named after keyfleet.
+    const pod = (ip: string) => `instance="${ip}",job="kubernetes-pods"`;
     const firing = (alertname: string, evalTime: string, expected: number) => ({
       expr: `count(ALERTS{alertname="${alertname}",alertstate="firing"}) or vector(0)`,
       eval_time: evalTime,
@@ -170,9 +172,48 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
         test('only readiness probes failing (Redis down) is not an HTTP error rate', {
           [`keyfleet_http_request_duration_seconds_count{${api},method="GET",route="/readyz",status_code="503"}`]: '0+60x20',
         }, [firing('KeyfleetHighErrorRate', '15m', 0)]),
-        test('the API target down for 3 minutes', {
+        test('the API target down for 3 minutes: one alert, though no API reports either', {
           'up{instance="api:8080",job="keyfleet-api"}': '1 0x5',
+          [`keyfleet_redis_up{${api}}`]: '1 stale',
         }, [firing('KeyfleetApiDown', '1m', 0), firing('KeyfleetApiDown', '4m', 1)]),
+        test('one of two API pods failing its scrape, under a job not called keyfleet-api', {
+          [`up{${pod('10.1.0.7:8080')}}`]: '1x10',
+          [`keyfleet_redis_up{component="api",${pod('10.1.0.7:8080')}}`]: '1x10',
+          [`up{${pod('10.1.0.8:8080')}}`]: '1x2 0x8',
+          [`keyfleet_redis_up{component="api",${pod('10.1.0.8:8080')}}`]: '1x2 stale',
+        }, [firing('KeyfleetApiDown', '2m', 0), firing('KeyfleetApiDown', '5m', 1)]),
+        test('every API pod gone: no target, no up, no API metric at all', {
+          [`up{${pod('10.1.0.9:9464')}}`]: '1x10',
+          [`keyfleet_worker_pool_threads{component="worker",${pod('10.1.0.9:9464')}}`]: '2x10',
+          [`keyfleet_redis_up{component="api",${pod('10.1.0.7:8080')}}`]: '1x2 stale',
+        }, [firing('KeyfleetApiDown', '2m', 0), firing('KeyfleetApiDown', '5m', 1)]),
+        test('healthy API pods, and a worker pod failing its scrape, are no API down', {
+          [`up{${pod('10.1.0.7:8080')}}`]: '1x10',
+          [`keyfleet_redis_up{component="api",${pod('10.1.0.7:8080')}}`]: '1x10',
+          [`up{${pod('10.1.0.9:9464')}}`]: '1x2 0x8',
+          [`keyfleet_worker_pool_threads{component="worker",${pod('10.1.0.9:9464')}}`]: '2x2 stale',
+        }, [firing('KeyfleetApiDown', '10m', 0)]),
+        // A worker with another (valid) KEYFLEET_MASTER_KEY fails every chunk it takes. The
+        // counters start at 0, as every process exports them from its start.
+        test('a worker failing every chunk it takes, in a busy fleet whose retries save the batches', {
+          [`keyfleet_chunks_total{${worker},outcome="failed"}`]: '0+10x30',
+          [`keyfleet_chunks_total{${worker},outcome="counted"}`]: '0+50x30',
+          [`keyfleet_batches_total{${worker},event="failed"}`]: '0x30',
+        }, [firing('KeyfleetChunksFailing', '5m', 0), firing('KeyfleetChunksFailing', '15m', 1)]),
+        test('one batch on an idle fleet: its chunk fails 5 quick attempts and the batch fails', {
+          [`keyfleet_chunks_total{${worker},outcome="failed"}`]: '0 5x45',
+          [`keyfleet_batches_total{${worker},event="failed"}`]: '0 1x45',
+        }, [firing('KeyfleetChunksFailing', '5m', 0), firing('KeyfleetChunksFailing', '15m', 1), firing('KeyfleetChunksFailing', '40m', 0)]),
+        test('a burst of failed attempts that their retries finish (a Redis blip) is no alert', {
+          [`keyfleet_chunks_total{${worker},outcome="failed"}`]: '0x5 40x30',
+          [`keyfleet_chunks_total{${worker},outcome="counted"}`]: '0+50x35',
+          [`keyfleet_batches_total{${worker},event="failed"}`]: '0x35',
+        }, [firing('KeyfleetChunksFailing', '8m', 0), firing('KeyfleetChunksFailing', '12m', 0), firing('KeyfleetChunksFailing', '20m', 0)]),
+        test('uploads the API refuses or loses (failed batches it counts) are the callers\' doing, no alert', {
+          [`keyfleet_batches_total{${api},event="failed"}`]: '0+1x40',
+          [`keyfleet_chunks_total{${worker},outcome="failed"}`]: '0x40',
+          [`keyfleet_batches_total{${worker},event="failed"}`]: '0x40',
+        }, [firing('KeyfleetChunksFailing', '20m', 0)]),
       ],
     };
     const file = join(tmp, 'alerts.test.yml');
@@ -239,6 +280,22 @@ describe.runIf(hasPromtool)('the live /metrics of an API and a worker', () => {
     const run = checkMetrics(workerMetrics);
     expect(run.status, run.output).toBe(0);
     expect(run.output.split('\n').filter((l) => /error/i.test(l))).toEqual([]);
+  });
+
+  it('exports the counters\' fixed label values at 0 before their first increment, so rate() sees the first one', () => {
+    // Nothing in this traffic failed a chunk or a batch, cancelled one, or rotated a key by itself.
+    const zero = (text: string, name: string, labels: string) => expect(text.split('\n'), `${name}{${labels}}`).toContain(`${name}{${labels}} 0`);
+    zero(apiMetrics, 'keyfleet_batches_total', 'event="cancelled",component="api"');
+    zero(apiMetrics, 'keyfleet_batches_total', 'event="failed",component="api"');
+    zero(apiMetrics, 'keyfleet_key_auto_rotations_total', 'reason="period",component="api"');
+    zero(apiMetrics, 'keyfleet_items_processed_total', 'op="rewrap",key_type="xchacha20-poly1305",outcome="failure",path="sync",component="api"');
+    zero(workerMetrics, 'keyfleet_chunks_total', 'outcome="failed",component="worker"');
+    zero(workerMetrics, 'keyfleet_batches_total', 'event="failed",component="worker"');
+    zero(workerMetrics, 'keyfleet_key_auto_rotations_total', 'reason="nonce_budget",component="worker"');
+    zero(workerMetrics, 'keyfleet_items_processed_total', 'op="decrypt",key_type="legacy-aes256-cbc",outcome="failure",path="batch",component="worker"');
+    // Only the label values a process can count: a worker never sees an upload, legacy keys never encrypt.
+    expect(workerMetrics).not.toMatch(/^keyfleet_batches_total\{event="created"/m);
+    expect(`${apiMetrics}${workerMetrics}`).not.toMatch(/op="encrypt",key_type="legacy-aes256-cbc"/);
   });
 
   it('has every metric the Grafana dashboard and the alert rules query', () => {
