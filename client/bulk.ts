@@ -23,6 +23,8 @@ export interface BulkOptions {
   readonly targetKey?: string;
   /** Where messages go (stderr). */
   readonly log: (line: string) => void;
+  /** Told the batch's id once the service accepts the upload (not called with `resume`). */
+  readonly onAccepted?: (batchId: string) => void;
   readonly interactive?: boolean;
 }
 
@@ -66,6 +68,7 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
     );
     upload.stop();
     batchId = accepted.batchId;
+    options.onAccepted?.(batchId);
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
   } else if (options.in && options.ndjson) {
     for await (const _ of ndjsonPieces(options.in, true, lines));

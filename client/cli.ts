@@ -49,16 +49,18 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .option('--callback-url <url>', 'the service POSTs the final status here, signed')
     .option('--context <context>', 'bound into every item (decrypt and rewrap need the same)')
 
-    .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials --in serials.txt --out serials.${op === 'decrypt' ? 'txt' : 'enc'}`)
+    .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials ${{ encrypt: '--in serials.txt --out serials.enc', decrypt: '--in serials.enc --out serials.dec', rewrap: '--in old.enc --out new.enc' }[op]}`)
     .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
       const client = clientOf(command);
+      // Ctrl-C during the upload leaves nothing to resume: the service fails a cut-short upload.
+      let batchId = opts.resume;
       process.once('SIGINT', () => {
-        log('\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume <batchId>, printed above)');
+        log(batchId ? `\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume ${batchId})` : '\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
         process.exit(EXIT.interrupted);
       });
       const started = Date.now();
-      const outcome = await runBulk(client, { op, ...opts, log });
+      const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id) });
       const seconds = (Date.now() - started) / 1000;
       log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${seconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
       process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;

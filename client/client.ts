@@ -38,6 +38,22 @@ export class KeyfleetApiError extends Error {
   }
 }
 
+/**
+ * The API could not be reached: nothing listening, a DNS failure, a connection cut before the
+ * answer. The client does not retry it (only 429 and 503 answers). It has no `status`, unlike
+ * KeyfleetApiError: the CLI's download retries exactly the errors without one.
+ */
+export class KeyfleetConnectionError extends Error {
+  override name = 'KeyfleetConnectionError';
+  constructor(
+    /** The API's base URL: the request's own would show its query, which can carry a context. */
+    readonly url: string,
+    cause: Error,
+  ) {
+    super(`cannot reach ${url} (${failureReason(cause)})`, { cause });
+  }
+}
+
 export interface CryptoOptions {
   readonly encoding?: 'utf8' | 'base64';
   readonly mode?: 'auto' | 'sync' | 'async';
@@ -218,7 +234,11 @@ export class KeyfleetClient {
   }
 
   async ready(): Promise<boolean> {
-    return (await fetch(`${this.url}/readyz`)).ok;
+    try {
+      return (await fetch(`${this.url}/readyz`)).ok;
+    } catch (err) {
+      throw fetchError(err, this.url);
+    }
   }
 
   // ---- plumbing -------------------------------------------------------------------------
@@ -231,14 +251,19 @@ export class KeyfleetClient {
 
   #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal } = {}): Promise<Response> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
-    return withRetries(() => {
+    return withRetries(async () => {
       const init: RequestInit & { duplex?: 'half' } = { method, headers, ...(extra.signal ? { signal: extra.signal } : {}) };
       if (json !== undefined) init.body = JSON.stringify(json);
+      let sourceError: unknown;
       if (extra.stream) {
-        init.body = toStream(extra.stream());
+        init.body = toStream(extra.stream(), (err) => (sourceError = err));
         init.duplex = 'half'; // a streamed request body (undici)
       }
-      return fetch(this.url + path, init);
+      try {
+        return await fetch(this.url + path, init);
+      } catch (err) {
+        throw fetchError(err, this.url, sourceError);
+      }
     }, this.#retry);
   }
 
@@ -258,11 +283,36 @@ async function apiError(res: Response): Promise<KeyfleetApiError> {
   }
 }
 
-function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>): ReadableStream<Uint8Array> {
+/**
+ * What a failed fetch becomes. undici reports every failure as `TypeError('fetch failed')` with
+ * the reason as its cause, and that includes an error of the body's own source: that one is
+ * given back as it is, since the API was reached. An abort or a malformed request (no cause)
+ * stays as fetch threw it.
+ */
+function fetchError(err: unknown, url: string, sourceError?: unknown): unknown {
+  if (!(err instanceof TypeError) || !(err.cause instanceof Error)) return err;
+  if (err.cause === sourceError) return sourceError;
+  return new KeyfleetConnectionError(url, err.cause);
+}
+
+/** ECONNREFUSED, ENOTFOUND and the like; undici's own codes say less than its messages ("other side closed"). */
+function failureReason(cause: Error): string {
+  const { code } = cause as NodeJS.ErrnoException;
+  return code && !code.startsWith('UND_ERR_') ? code : cause.message;
+}
+
+function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>, onSourceError: (err: unknown) => void): ReadableStream<Uint8Array> {
   const iterator = (Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : source[Symbol.iterator]()) as AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string>;
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      const { value, done } = await iterator.next();
+      let next: IteratorResult<Uint8Array | string>;
+      try {
+        next = await iterator.next();
+      } catch (err) {
+        onSourceError(err);
+        throw err;
+      }
+      const { value, done } = next;
       if (done) controller.close();
       else controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
     },

@@ -1,10 +1,11 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
+import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { KeyfleetApiError, KeyfleetClient, retryDelayMs } from '../../client/index.js';
+import { KeyfleetApiError, KeyfleetClient, KeyfleetConnectionError, retryDelayMs } from '../../client/index.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
 import { freePort } from '../helpers/net.js';
@@ -30,10 +31,11 @@ afterAll(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-/** Runs the built CLI as a user would; resolves with its exit status and output. */
-function keyfleet(args: string[], extraEnv: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+/** Runs the built CLI as a user would; resolves with its exit status and output. `started` gets the process, to signal it. */
+function keyfleet(args: string[], extraEnv: Record<string, string> = {}, started?: (child: ChildProcess) => void): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((done, fail) => {
     const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, cwd: dir });
+    started?.(child);
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -57,6 +59,78 @@ describe('the keyfleet CLI', () => {
     const missing = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: '' });
     expect(missing.code).toBe(1);
     expect(missing.stderr).toContain('KEYFLEET_URL');
+  });
+
+  it('gives a --help example for decrypt that reads what the encrypt example wrote, into another file', async () => {
+    const example = async (op: string) => /\nExample:\n {2}(.+)/.exec((await keyfleet([op, '--help'])).stdout)![1]!;
+    const file = (line: string, option: '--in' | '--out') => new RegExp(`${option} (\\S+)`).exec(line)![1]!;
+    const encrypt = await example('encrypt');
+    const decrypt = await example('decrypt');
+    expect(decrypt).toBe('keyfleet decrypt --key serials --in serials.enc --out serials.dec');
+    expect(file(decrypt, '--in')).toBe(file(encrypt, '--out'));
+    // Neither over the file it reads, nor over the plaintexts the encrypt example started from.
+    expect(file(decrypt, '--out')).not.toBe(file(decrypt, '--in'));
+    expect(file(decrypt, '--out')).not.toBe(file(encrypt, '--in'));
+  });
+
+  it('on Ctrl-C names the batch to resume, or says that no batch was made, and exits 130', async () => {
+    // A stand-in API that never gets done, so Ctrl-C surely comes during the upload, or while the batch runs.
+    let acceptUploads = false;
+    let awaited: { request: RegExp; seen: () => void } | undefined;
+    const server: Server = createServer((req, res) => {
+      if (req.method === 'POST' && acceptUploads) {
+        req.resume().on('end', () => res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Ab12Cd34Ef56Gh78', status: 'queued', total: 2 })));
+      } else if (req.url?.endsWith('/events')) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' }).flushHeaders();
+      } // else an upload left unanswered
+      if (awaited?.request.test(`${req.method} ${req.url}`)) awaited.seen();
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    const standIn = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+    const interruptAfter = async (request: RegExp, args: string[]) => {
+      let cli: ChildProcess | undefined;
+      const seen = new Promise<void>((ok) => (awaited = { request, seen: ok }));
+      const run = keyfleet(args, { KEYFLEET_URL: standIn }, (child) => (cli = child));
+      // A CLI that ended on its own is not signalled; its output then says why.
+      await Promise.race([seen, run]);
+      cli!.kill('SIGINT');
+      return run;
+    };
+    try {
+      writeFileSync(path('two.txt'), 'a\nb\n');
+      const encrypt = ['encrypt', '--key', 'serials', '--in', 'two.txt', '--out', 'two.enc'];
+      const uploading = await interruptAfter(/^POST \/v1\/batches\?/, encrypt);
+      expect(uploading.code).toBe(130);
+      expect(uploading.stderr).toContain('keyfleet: interrupted before the service accepted the upload; no batch was made\n');
+      expect(uploading.stderr).not.toContain('--resume');
+
+      acceptUploads = true;
+      const running = await interruptAfter(/^GET \/v1\/batches\/Ab12Cd34Ef56Gh78\/events$/, encrypt);
+      expect(running.code).toBe(130);
+      expect(running.stderr).toContain('keyfleet: interrupted; the batch goes on in the service (resume with --resume Ab12Cd34Ef56Gh78)\n');
+
+      const resumed = await interruptAfter(/^GET \/v1\/batches\/Zy98Xw76Vu54Ts32\/events$/, ['decrypt', '--key', 'serials', '--resume', 'Zy98Xw76Vu54Ts32', '--out', 'two.dec']);
+      expect(resumed.code).toBe(130);
+      expect(resumed.stderr).toContain('keyfleet: interrupted; the batch goes on in the service (resume with --resume Zy98Xw76Vu54Ts32)\n');
+    } finally {
+      server.closeAllConnections();
+      await new Promise((ok) => server.close(ok));
+    }
+  });
+
+  it('says which URL it cannot reach and why, without the token', async () => {
+    const closed = `http://127.0.0.1:${await freePort()}`;
+    writeFileSync(path('unsent.txt'), 'a\nb\n');
+    for (const args of [['keys', 'show', 'serials'], ['encrypt', '--key', 'serials', '--in', 'unsent.txt', '--out', 'unsent.enc']]) {
+      const { code, stderr } = await keyfleet(args, { KEYFLEET_URL: closed });
+      expect(code).toBe(1);
+      expect(stderr).toContain(`keyfleet: cannot reach ${closed} (ECONNREFUSED)\n`);
+      expect(stderr).not.toContain(admin.token);
+    }
+    const unknown = await keyfleet(['keys', 'show', 'serials', '--token', admin.token], { KEYFLEET_URL: 'http://keyfleet.invalid' });
+    expect(unknown.code).toBe(1);
+    // No such name, or (EAI_AGAIN) no resolver answering in a sandbox.
+    expect(unknown.stderr).toMatch(/^keyfleet: cannot reach http:\/\/keyfleet\.invalid \((ENOTFOUND|EAI_AGAIN)\)\n$/);
   });
 
   it('encrypts a 50,000-line file with progress into 50,000 ciphertexts in order, and decrypt gives the file back byte for byte', async () => {
@@ -167,6 +241,41 @@ describe('the typed client', () => {
     const error = await client.getKey('missing').catch((e: unknown) => e);
     expect(error).toBeInstanceOf(KeyfleetApiError);
     expect(error).toMatchObject({ status: 404, code: 'KF_KEY_NOT_FOUND' });
+  });
+
+  it('fails to connect with a KeyfleetConnectionError that names the URL, without retrying; a failing upload source gives its own error', async () => {
+    let connections = 0;
+    const sockets = new Set<Socket>();
+    // Cut once the request is in, like an API that dies mid-request. (Cut before it, and fetch can hang.)
+    const server = createTcpServer((socket) => {
+      connections++;
+      sockets.add(socket.once('close', () => sockets.delete(socket)));
+      socket.once('data', () => socket.destroy());
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    try {
+      const cutting = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+      const cut = await new KeyfleetClient({ url: cutting, token: 't', retry: { attempts: 3 } }).getKey('k').catch((e: unknown) => e);
+      expect(cut).toBeInstanceOf(KeyfleetConnectionError);
+      expect(cut).toMatchObject({ url: cutting, message: `cannot reach ${cutting} (other side closed)` });
+      expect(connections).toBe(1);
+      // No status, unlike an answer's error: the CLI's download retries these from where its file ends.
+      expect(cut).not.toHaveProperty('status');
+
+      // A connection was made: an upload whose own source fails gives that error back, not a connection error.
+      const broken = new Error('the source broke');
+      const upload = new KeyfleetClient({ url: cutting, token: 't' }).createBatch({ op: 'encrypt', key: 'k' }, function* () {
+        yield 'a';
+        throw broken;
+      });
+      await expect(upload).rejects.toBe(broken);
+    } finally {
+      // After a failed upload undici opens a spare connection that sends nothing; close() would wait for it.
+      for (const socket of sockets) socket.destroy();
+      await new Promise((ok) => server.close(ok));
+    }
+    const closed = `http://127.0.0.1:${await freePort()}`;
+    await expect(new KeyfleetClient({ url: closed, token: 't' }).ready()).rejects.toMatchObject({ name: 'KeyfleetConnectionError', message: `cannot reach ${closed} (ECONNREFUSED)` });
   });
 
   it('retries 429 and 503 honouring Retry-After (seconds or HTTP date), then gives up', async () => {
