@@ -1,7 +1,7 @@
-import { spawn } from 'node:child_process';
+import { fork, spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
-import autocannon from 'autocannon';
+import type { LoadControl, LoadRequest, LoadResult, LoadStarted } from './loadgen.js';
 import { makeItems } from './naive.js';
 import { median, type Row } from './report.js';
 import { freePort, stopChild, waitForOk } from '../scripts/local-net.js';
@@ -42,49 +42,40 @@ const WINDOW_LIMIT_S = 300;
 /**
  * 100 connections for `span` seconds, autocannon's own figures; or, for a window, the
  * responses that arrive within it (the load runs from before `start`, so connections are open
- * and warm, until `end`). autocannon stops only at its next one-second tick, so its own figures
- * would take in up to a second beyond the end.
+ * and warm, until `end`). The client runs in a process of its own (bench/loadgen.ts).
  */
 async function load(stack: Stack, path: string, span: number | Window, body?: unknown, server: Server = { url: stack.url, pid: stack.api.pid! }): Promise<Load> {
   const window = typeof span === 'number' ? undefined : span;
-  const cpuBefore = cpuSeconds(server.pid);
-  const clock = performance.now();
-  const instance = autocannon({
+  const client = fork(join(import.meta.dirname, 'loadgen.js'), { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+  let cpuBefore = cpuSeconds(server.pid);
+  let clock = performance.now();
+  const answered = new Promise<LoadResult>((resolve, reject) => {
+    client.on('message', (message: LoadStarted | LoadResult) => {
+      if (message.type === 'result') return resolve(message);
+      cpuBefore = cpuSeconds(server.pid);
+      clock = performance.now();
+    });
+    client.once('exit', (code) => reject(new Error(`${path}: the load generator exited (${code}) without a result`)));
+  });
+  const request: LoadRequest = {
+    type: 'start',
     url: server.url + path,
-    connections: 100,
-    duration: window ? WINDOW_LIMIT_S : (span as number),
-    method: body ? 'POST' : 'GET',
+    ...(window ? {} : { seconds: span as number }),
+    limitSeconds: WINDOW_LIMIT_S,
     headers: { authorization: `Bearer ${stack.token}`, 'content-type': 'application/json' },
     ...(body ? { body: JSON.stringify(body) } : {}),
-  });
-  if (!window) {
-    const result = await instance;
-    const serverCpu = (cpuSeconds(server.pid) - cpuBefore) / ((performance.now() - clock) / 1000);
-    return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors: result.errors + result.non2xx, serverCpu };
-  }
-  // Without a callback autocannon returns a promise that is also the instance (an EventEmitter).
-  const tracker = instance as unknown as autocannon.Instance;
-  const times: number[] = [];
-  let started = Infinity;
-  let ended = Infinity;
-  tracker.on('response', (_client, _status, _bytes, responseTime) => {
-    const now = performance.now();
-    if (now >= started && now <= ended) times.push(responseTime);
-  });
-  const open = () => (started = performance.now());
-  const close = () => {
-    ended = performance.now();
-    tracker.stop();
   };
-  // Settled either way: a failed batch closes the window too, and its caller sees the failure.
-  window.start.then(open, open);
-  window.end.then(close, close);
-  const result = await instance;
-  if (ended === Infinity) throw new Error(`${path}: the measured window did not close within ${WINDOW_LIMIT_S} s`);
-  if (times.length === 0) throw new Error(`${path}: no response arrived within the measured window`);
-  times.sort((x, y) => x - y);
-  const at = (q: number) => Math.round(times[Math.max(0, Math.ceil(q * times.length) - 1)]!);
-  return { rps: times.length / ((ended - started) / 1000), p50: at(0.5), p99: at(0.99), errors: result.errors + result.non2xx };
+  client.send(request);
+  if (window) {
+    const send = (control: LoadControl) => () => void (client.connected && client.send(control));
+    // Settled either way: a failed batch closes the window too, and its caller sees the failure.
+    window.start.then(send({ type: 'open' }), send({ type: 'open' }));
+    window.end.then(send({ type: 'close' }), send({ type: 'close' }));
+  }
+  const result = await answered.finally(() => client.kill());
+  if (result.failure) throw new Error(`${path}: ${result.failure}`);
+  const measured = { rps: result.rps, p50: result.p50, p99: result.p99, errors: result.errors };
+  return window ? measured : { ...measured, serverCpu: (cpuSeconds(server.pid) - cpuBefore) / ((performance.now() - clock) / 1000) };
 }
 
 /** How long a windowed load runs before its window opens: connections open and warm. */
