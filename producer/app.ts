@@ -41,6 +41,12 @@ function frameworkErrors(error: FastifyError, _request: FastifyRequest, reply: F
   void reply.status(kf.status).send({ error: kf.toBody() });
 }
 
+function refuseQuery(request: FastifyRequest, _reply: FastifyReply, done: (err?: Error) => void): void {
+  const unknown = Object.keys(request.query as Record<string, unknown>);
+  if (unknown.length === 0) return done();
+  done(new KeyfleetError('KF_VALIDATION', `querystring: unrecognized parameter(s) ${unknown.slice(0, 5).map((k) => JSON.stringify(k.slice(0, 64))).join(', ')}`));
+}
+
 /** Builds the API without listening. Everything it opens is closed by `app.close()`. */
 export async function buildApp({ config, logger }: AppOptions): Promise<FastifyInstance> {
   if (config.tokens.length === 0) {
@@ -71,11 +77,11 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   // The API takes JSON bodies (and, for uploads, NDJSON: routes/batches.ts); text/plain is a 415.
   app.removeContentTypeParser('text/plain');
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
-  // mistyped one must not be ignored (routes that take parameters refuse unknown ones in their schema).
-  app.addHook('preValidation', async (request) => {
-    if (!request.url.startsWith('/v1/') || request.routeOptions.schema?.querystring) return;
-    const unknown = Object.keys(request.query as Record<string, unknown>);
-    if (unknown.length > 0) throw new KeyfleetError('KF_VALIDATION', `querystring: unrecognized parameter(s) ${unknown.slice(0, 5).map((k) => JSON.stringify(k.slice(0, 64))).join(', ')}`);
+  // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
+  // schema; the others get this check when they are registered (not a hook on every request).
+  app.addHook('onRoute', (route) => {
+    if (!route.url.startsWith('/v1/') || route.schema?.querystring) return;
+    route.preValidation = [...[route.preValidation ?? []].flat(), refuseQuery];
   });
 
   const services = createApiServices(config, app.log as Logger);
