@@ -23,4 +23,4 @@ export { createRedis, RedisKeys, type Redis, type RedisTarget } from './redis.js
 export { parseTokens, SCOPES, TokenVerifier, type Principal, type Scope } from './tokens.js';
 export * from './schemas.js';
 export { SIGNATURE_HEADER, signWebhook, verifyWebhookSignature, type VerifyOptions } from './webhook-signature.js';
-export { checkCallbackUrl, startWebhookWorker, WebhookSender, type WebhookOptions, type WebhookWorker, type WebhookWorkerOptions } from './webhooks.js';
+export { checkCallbackUrl, isPublicAddress, WebhookSender, type WebhookOptions } from './webhooks.js';

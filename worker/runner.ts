@@ -13,10 +13,11 @@ import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue } from '../shared/queue.js';
 import { createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
-import { startWebhookWorker, WebhookSender } from '../shared/webhooks.js';
+import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
 import { CryptoPool } from './pool.js';
 import { createChunkProcessor, type ChunkReport } from './processor.js';
+import { startWebhookWorker } from './webhook-delivery.js';
 
 export interface RunningWorker {
   /** The port of the worker's /metrics, /healthz, /readyz server. */

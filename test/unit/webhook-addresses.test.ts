@@ -1,7 +1,8 @@
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { KeyfleetError } from '../../shared/errors.js';
-import { checkCallbackUrl, isPublicAddress, NonPublicAddressError, publicOnly, publicOnlyLookup } from '../../shared/webhooks.js';
+import { checkCallbackUrl, isPublicAddress } from '../../shared/webhooks.js';
+import { NonPublicAddressError, publicOnly, publicOnlyLookup } from '../../worker/webhook-delivery.js';
 
 const secret = 'whsec_test_0123456789abcdef';
 
