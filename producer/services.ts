@@ -10,7 +10,7 @@ import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
 import { createChunkQueue, createWebhookQueue, type WebhookJobData } from '../shared/queue.js';
 import type { Logger } from '../shared/logger.js';
-import { createRedis, RedisKeys, type Redis } from '../shared/redis.js';
+import { ConnectionErrorLog, createRedis, RedisKeys, type Redis } from '../shared/redis.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
@@ -36,19 +36,20 @@ export interface ApiServices {
 }
 
 export function createApiServices(config: Config, logger: Logger): ApiServices {
-  const redis = createRedis(config, { role: 'api' });
+  const errors = new ConnectionErrorLog(logger);
+  const redis = createRedis(config, { role: 'api', errors });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
   const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey));
   const sealer = new AtRestSealer(masterKey, config.previousMasterKey);
-  const queueRedis = createRedis(config, { role: 'api' });
-  const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts });
-  const events = new BatchEvents(createRedis(config, { role: 'subscriber' }), keys);
+  const queueRedis = createRedis(config, { role: 'api', errors });
+  const queue = createChunkQueue(queueRedis, keys, { attempts: config.jobAttempts, errors });
+  const events = new BatchEvents(createRedis(config, { role: 'subscriber', errors }), keys);
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer });
   const registry = createRegistry('api');
   registerQueueMetrics(registry, queue, batches);
   // The API only enqueues webhooks; worker processes send them.
-  const webhookQueue = createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds });
+  const webhookQueue = createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds, errors });
   const webhooks = new WebhookSender(webhookQueue, { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
   const metrics = new ApiMetrics(registry);

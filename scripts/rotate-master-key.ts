@@ -11,10 +11,18 @@ if (!config.previousMasterKey) {
   process.exit(1);
 }
 const redis = createRedis(config, { role: 'tool' });
+let connectionError: Error | undefined;
+redis.on('error', (err: Error) => (connectionError = err));
+redis.on('ready', () => (connectionError = undefined));
 try {
   const store = new KeyStore(redis, new RedisKeys(config.prefix), new MasterKey(requireMasterKey(config), config.previousMasterKey));
   const { keys, versions, rewrapped } = await store.rewrapAll();
   console.log(`rotate-master-key: ${keys} keys, ${versions} versions, ${rewrapped} rewrapped under the new master key`);
+} catch (err) {
+  // Keys already rewrapped stay so (each is written whole); running it again finishes the rest.
+  const reason = connectionError ? `cannot reach Redis (${connectionError.message})` : (err as Error).message;
+  console.error(`rotate-master-key: stopped: ${reason}`);
+  process.exitCode = 1;
 } finally {
   redis.disconnect();
 }

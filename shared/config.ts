@@ -102,6 +102,12 @@ const envSchema = z.object({
    * threads within one cgroup: containers apart are ranked by their CPU requests or weights.
    */
   WORKER_SCHED: z.enum(['idle', 'normal']).default('idle'),
+  /**
+   * How long a worker told to stop (SIGTERM, SIGINT) may take to finish the chunks in hand
+   * before it exits anyway (exit 1), as when Redis is unreachable and no chunk can be stored:
+   * those chunks are retaken after JOB_LOCK_MS. Below compose's 60 s stop grace period.
+   */
+  WORKER_DRAIN_SECONDS: int(1).default(50),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
@@ -146,6 +152,7 @@ export interface Config {
   readonly webhookAllowedHosts: readonly string[];
   readonly workerMetricsPort: number;
   readonly workerPriority: WorkerPriority;
+  readonly workerDrainSeconds: number;
   readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
   readonly logRequests: boolean;
@@ -215,6 +222,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
     webhookAllowedHosts: Object.freeze(e.WEBHOOK_ALLOWED_HOSTS.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean)),
     workerMetricsPort: e.WORKER_METRICS_PORT,
     workerPriority: Object.freeze({ nice: e.WORKER_NICE, idle: e.WORKER_SCHED === 'idle' }),
+    workerDrainSeconds: e.WORKER_DRAIN_SECONDS,
     kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
     logRequests: e.LOG_REQUESTS === 'true' || e.LOG_REQUESTS === '1',

@@ -1,5 +1,5 @@
 import { Queue, type JobsOptions } from 'bullmq';
-import type { Redis, RedisKeys } from './redis.js';
+import type { ConnectionErrorLog, Redis, RedisKeys } from './redis.js';
 import type { ChunkJobData } from './schemas.js';
 
 export const CHUNK_JOB = 'chunk';
@@ -7,12 +7,13 @@ export const CHUNK_JOB = 'chunk';
 export interface ChunkQueueOptions {
   /** Tries per chunk before its batch is failed; retried chunks are idempotent. */
   readonly attempts: number;
+  readonly errors: ConnectionErrorLog;
 }
 
 /** BullMQ job ids may not contain ':'; batch ids are base64url, so '.' separates safely. */
 export const chunkJobId = (batchId: string, chunk: number): string => `${batchId}.${chunk}`;
 
-export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts }: ChunkQueueOptions): Queue<ChunkJobData> {
+export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts, errors }: ChunkQueueOptions): Queue<ChunkJobData> {
   const defaultJobOptions: JobsOptions = {
     attempts,
     backoff: { type: 'exponential', delay: 500 },
@@ -20,7 +21,17 @@ export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts 
     removeOnComplete: { age: 3600, count: 5000 },
     removeOnFail: { age: 7 * 86_400 },
   };
-  return new Queue<ChunkJobData>(keys.queueName, { connection, prefix: keys.prefix, defaultJobOptions });
+  return logged(new Queue<ChunkJobData>(keys.queueName, { connection, prefix: keys.prefix, defaultJobOptions }), errors);
+}
+
+/**
+ * A Queue passes on its connection's errors (and its own), and BullMQ prints them to stderr
+ * where nothing listens: they go to the process's error log, which writes each message once
+ * however many connections report it.
+ */
+function logged<T extends Queue>(queue: T, errors: ConnectionErrorLog): T {
+  queue.on('error', (err) => errors.report('queue', err, 'queue error'));
+  return queue;
 }
 
 export const WEBHOOK_JOB = 'webhook';
@@ -43,12 +54,13 @@ export interface WebhookQueueOptions {
    * outlive the batch record: bounded by age, not by count.
    */
   readonly keepSeconds: number;
+  readonly errors: ConnectionErrorLog;
 }
 
-export function createWebhookQueue(connection: Redis, keys: RedisKeys, { keepSeconds }: WebhookQueueOptions): Queue<WebhookJobData> {
+export function createWebhookQueue(connection: Redis, keys: RedisKeys, { keepSeconds, errors }: WebhookQueueOptions): Queue<WebhookJobData> {
   const defaultJobOptions: JobsOptions = {
     removeOnComplete: { age: keepSeconds },
     removeOnFail: { age: keepSeconds },
   };
-  return new Queue<WebhookJobData>(keys.webhookQueueName, { connection, prefix: keys.prefix, defaultJobOptions });
+  return logged(new Queue<WebhookJobData>(keys.webhookQueueName, { connection, prefix: keys.prefix, defaultJobOptions }), errors);
 }

@@ -1,4 +1,5 @@
 import { Cluster, Redis as SingleRedis, type ClusterNode, type RedisOptions } from 'ioredis';
+import type { Logger } from './logger.js';
 
 /** A Redis connection: one server, or a Redis Cluster. Every script keeps its keys in one slot, so both work alike. */
 export type Redis = SingleRedis | Cluster;
@@ -12,6 +13,45 @@ export interface RedisTarget {
 export interface RedisRole {
   /** BullMQ workers need blocking commands retried forever (`maxRetriesPerRequest: null`). */
   readonly role: 'api' | 'worker' | 'subscriber' | 'tool';
+  /** Where the connection's errors are logged; without it they are left to the commands that fail. */
+  readonly errors?: ConnectionErrorLog;
+}
+
+/**
+ * Logs the errors that repeat while Redis is unreachable. Every connection retries every 0.2–2 s
+ * and BullMQ reports each failed attempt again; without this, each attempt was a line, and
+ * where nothing listened, ioredis and BullMQ printed its stack to stderr. One structured line
+ * per distinct message per `intervalMs` (with how many were held back), and one when a
+ * connection is ready again.
+ */
+export class ConnectionErrorLog {
+  readonly #logger: Logger;
+  readonly #intervalMs: number;
+  readonly #seen = new Map<string, { at: number; held: number }>();
+
+  constructor(logger: Logger, intervalMs = 30_000) {
+    this.#logger = logger;
+    this.#intervalMs = intervalMs;
+  }
+
+  report(source: string, err: Error, msg: string): void {
+    const now = Date.now();
+    const seen = this.#seen.get(err.message);
+    if (seen && now - seen.at < this.#intervalMs) {
+      seen.held++;
+      return;
+    }
+    this.#seen.set(err.message, { at: now, held: 0 });
+    const code = (err as NodeJS.ErrnoException).code;
+    this.#logger.error({ source, err: { message: err.message, ...(code ? { code } : {}) }, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
+  }
+
+  /** A connection is ready: after errors, says so, and the next error logs at once. */
+  ready(source: string): void {
+    if (this.#seen.size === 0) return;
+    this.#seen.clear();
+    this.#logger.info({ source }, 'redis connection ready again');
+  }
 }
 
 /**
@@ -22,12 +62,22 @@ export interface RedisRole {
 const API_COMMAND_TIMEOUT_MS = 2_000;
 
 /** One place that turns the configuration into a client, single server or cluster alike. */
-export function createRedis(target: RedisTarget, { role }: RedisRole): Redis {
+export function createRedis(target: RedisTarget, { role, errors }: RedisRole): Redis {
+  const client = connect(target, role);
+  // Always a listener: without one, ioredis prints every failed reconnect to stderr.
+  client.on('error', (err: Error) => errors?.report(role, err, 'redis connection error'));
+  client.on('ready', () => errors?.ready(role));
+  return client;
+}
+
+function connect(target: RedisTarget, role: RedisRole['role']): Redis {
+  // The API and tools fail a command fast when Redis is gone (the API answers 503) instead of
+  // queueing it for ever; workers wait for Redis to come back.
+  const failFast = role === 'api' || role === 'tool';
   const options: RedisOptions = {
     connectionName: `keyfleet-${role}`,
-    // The API fails a request fast when Redis is gone (503) instead of queueing it for ever.
-    maxRetriesPerRequest: role === 'api' ? 2 : null,
-    ...(role === 'api' ? { commandTimeout: API_COMMAND_TIMEOUT_MS } : {}),
+    maxRetriesPerRequest: failFast ? 2 : null,
+    ...(failFast ? { commandTimeout: API_COMMAND_TIMEOUT_MS } : {}),
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
   };
   const urls = target.redisUrl.split(',').map((u) => u.trim()).filter(Boolean);

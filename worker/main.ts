@@ -3,7 +3,10 @@ import { createLogger } from '../shared/logger.js';
 import { lowerProcessPriority } from '../shared/priority.js';
 import { startWorker } from './runner.js';
 
-/** The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0. */
+/**
+ * The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0;
+ * after WORKER_DRAIN_SECONDS, or at a second signal, exit 1 without them.
+ */
 const config = loadConfig();
 const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
 // Before any thread starts, so that the crypto threads and libuv's pool inherit it.
@@ -17,10 +20,18 @@ const worker = await startWorker(config, logger);
 
 let closing = false;
 for (const signal of ['SIGTERM', 'SIGINT'] as const) {
-  process.once(signal, () => {
-    if (closing) return;
+  process.on(signal, () => {
+    if (closing) {
+      logger.warn({ signal }, 'second signal: exiting without finishing the chunks in hand (they are retaken after JOB_LOCK_MS)');
+      process.exit(1);
+    }
     closing = true;
     logger.info({ signal }, 'draining: finishing chunks in hand');
+    // A chunk in hand that cannot be stored (Redis unreachable) would hold the drain for ever.
+    setTimeout(() => {
+      logger.error({ drainSeconds: config.workerDrainSeconds }, 'drain not finished within WORKER_DRAIN_SECONDS (is Redis reachable?): exiting; the chunks in hand are retaken after JOB_LOCK_MS');
+      process.exit(1);
+    }, config.workerDrainSeconds * 1000).unref();
     worker.close().then(
       () => {
         logger.info('worker stopped');

@@ -11,7 +11,7 @@ import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue } from '../shared/queue.js';
-import { createRedis, RedisKeys } from '../shared/redis.js';
+import { ConnectionErrorLog, createRedis, RedisKeys } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
@@ -28,7 +28,8 @@ export interface RunningWorker {
 
 /** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool, plus its metrics server. */
 export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
-  const redis = createRedis(config, { role: 'worker' });
+  const errors = new ConnectionErrorLog(logger);
+  const redis = createRedis(config, { role: 'worker', errors });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
@@ -38,10 +39,10 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
   const webhookOptions = { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger };
-  const webhooks = new WebhookSender(createWebhookQueue(redis, keys, { keepSeconds: config.resultTtlSeconds }), webhookOptions);
+  const webhooks = new WebhookSender(createWebhookQueue(redis, keys, { keepSeconds: config.resultTtlSeconds, errors }), webhookOptions);
   // Sends the queued webhooks (from any process); without a secret there is nothing to sign, so none are queued.
   const webhookWorker = config.webhookSecret
-    ? startWebhookWorker({ ...webhookOptions, connection: createRedis(config, { role: 'worker' }), keys, batches })
+    ? startWebhookWorker({ ...webhookOptions, connection: createRedis(config, { role: 'worker', errors }), keys, batches, errors })
     : undefined;
 
   const worker = new Worker<ChunkJobData, ChunkReport>(
@@ -52,7 +53,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
       onBatchEnded: (id) => webhooks.deliver(batches, id),
     }),
     {
-      connection: createRedis(config, { role: 'worker' }),
+      connection: createRedis(config, { role: 'worker', errors }),
       prefix: keys.prefix,
       concurrency: config.workerConcurrency,
       // A chunk takes milliseconds; the lock only matters when a worker dies holding one.
@@ -84,7 +85,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
       void marking.finally(() => failing.delete(marking));
     }
   });
-  worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'worker error'));
+  worker.on('error', (err) => errors.report('worker', err, 'worker error'));
 
   let draining = false;
   const http = await startWorkerHttp({

@@ -4,7 +4,7 @@ import type { LookupFunction } from 'node:net';
 import { Agent, fetch, type Dispatcher } from 'undici';
 import { publicStatus, type BatchStore } from '../shared/batch-store.js';
 import type { WebhookJobData } from '../shared/queue.js';
-import type { Redis, RedisKeys } from '../shared/redis.js';
+import type { ConnectionErrorLog, Redis, RedisKeys } from '../shared/redis.js';
 import { TERMINAL_STATUSES } from '../shared/schemas.js';
 import { SIGNATURE_HEADER, signWebhook } from '../shared/webhook-signature.js';
 import { checkCallbackUrl, isPublicAddress, type WebhookOptions } from '../shared/webhooks.js';
@@ -47,6 +47,8 @@ export interface WebhookWorkerOptions extends WebhookOptions {
   readonly connection: Redis;
   readonly keys: RedisKeys;
   readonly batches: BatchStore;
+  /** The process's log of connection and worker errors. */
+  readonly errors: ConnectionErrorLog;
   /** Deliveries in flight at once in this process (default 4). */
   readonly concurrency?: number;
 }
@@ -63,13 +65,13 @@ export interface WebhookWorker {
  * do not allow, or a host with no public address (without an allow-list), ends the job.
  */
 export function startWebhookWorker(options: WebhookWorkerOptions): WebhookWorker {
-  const { connection, keys, batches, secret, logger, concurrency = DEFAULT_CONCURRENCY } = options;
+  const { connection, keys, batches, secret, errors, concurrency = DEFAULT_CONCURRENCY } = options;
   if (!secret) throw new Error('startWebhookWorker: expected a secret (WEBHOOK_SECRET) to sign with, got none');
   // Without an allow-list, names resolve to their public addresses only (addresses written in
   // the URL are checked by checkCallbackUrl in sendOnce).
   const dispatcher = new Agent(options.allowedHosts.length === 0 ? { connect: { lookup: publicOnlyLookup } } : {});
   const worker = new Worker<WebhookJobData>(keys.webhookQueueName, (job) => sendOnce(job, batches, secret, options, dispatcher), { connection, prefix: keys.prefix, concurrency });
-  worker.on('error', (err) => logger.error({ err: { message: err.message } }, 'webhook worker error'));
+  worker.on('error', (err) => errors.report('webhook-worker', err, 'webhook worker error'));
   return {
     async close() {
       await worker.close();

@@ -181,6 +181,36 @@ describe('faults', { timeout: 300_000 }, () => {
     expectNoSecrets([api, worker], [admin.token, originals[0]!]);
   });
 
+  it('Redis unreachable: API and worker log each distinct error once as a JSON line, not a stack per reconnect attempt, and a worker told to stop exits after WORKER_DRAIN_SECONDS', async () => {
+    const { api, worker } = await stack({ WORKER_DRAIN_SECONDS: '3' });
+    await worker.waitFor(/"msg":"worker started"/);
+    await ownRedis.kill();
+    try {
+      // Long enough for about a dozen reconnect attempts on each connection (0.2 s, 0.4 s, …).
+      await sleep(4_000);
+      worker.child.kill('SIGTERM');
+      // The deadline's 3 s, plus a margin for a loaded machine; without it the worker waited for Redis.
+      expect(await Promise.race([worker.exited, sleep(15_000).then(() => 'still running')])).toBe(1);
+      expect(worker.lines.some((l) => l.includes('drain not finished within WORKER_DRAIN_SECONDS'))).toBe(true);
+    } finally {
+      await ownRedis.start();
+    }
+    await api.waitFor(/"msg":"redis connection ready again"/);
+    for (const [name, lines] of [['api', api.lines], ['worker', worker.lines]] as const) {
+      const records = lines.map((line) => {
+        try {
+          return JSON.parse(line) as { level: number; msg: string; err?: { message: string } };
+        } catch {
+          throw new Error(`${name} wrote a line that is not JSON: ${line}`);
+        }
+      });
+      const connectionErrors = records.filter((r) => r.msg.endsWith(' error') && r.err).map((r) => r.err!.message);
+      expect(connectionErrors.length, `${name}: a connection error logged`).toBeGreaterThan(0);
+      // Each message once within the 30 s interval, however many connections and attempts saw it.
+      expect(connectionErrors, name).toEqual([...new Set(connectionErrors)]);
+    }
+  });
+
   it('Redis stalled (connections open, no answers): requests answer 503 within seconds instead of hanging, the sync path still encrypts with a cached key, and all recovers', async () => {
     const { client, admin } = await stack({ KEY_CACHE_TTL_MS: '60000' });
     const encrypt = () =>

@@ -6,8 +6,9 @@ import { readNdjsonItems } from '../../producer/ndjson-items.js';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { BatchStore } from '../../shared/batch-store.js';
 import { forEachItem, ITEM_NOT_STRING, ITEM_OK, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
+import { createLogger } from '../../shared/logger.js';
 import { createChunkQueue } from '../../shared/queue.js';
-import { RedisKeys } from '../../shared/redis.js';
+import { ConnectionErrorLog, RedisKeys } from '../../shared/redis.js';
 import { testEnv } from '../helpers/env.js';
 import { seededRandom } from '../helpers/seeded.js';
 
@@ -15,7 +16,7 @@ const { env } = testEnv();
 const redis = new Redis(env['REDIS_URL']!);
 const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
 const store = new BatchStore(redis, keys, { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer: new AtRestSealer(randomBytes(32)) });
-const queue = createChunkQueue(redis, keys, { attempts: 1 });
+const queue = createChunkQueue(redis, keys, { attempts: 1, errors: new ConnectionErrorLog(createLogger({ level: 'silent', name: 'test' })) });
 afterAll(async () => {
   await queue.close();
   await redis.quit();
