@@ -17,6 +17,9 @@ export interface RedisRole {
   readonly errors?: ConnectionErrorLog;
 }
 
+/** Distinct messages remembered at once; past it, those older than the interval are forgotten. */
+const MAX_DISTINCT_ERRORS = 1_000;
+
 /**
  * Logs the errors that repeat while Redis is unreachable. Every connection retries every 0.2–2 s
  * and BullMQ reports each failed attempt again; without this, each attempt was a line, and
@@ -40,6 +43,10 @@ export class ConnectionErrorLog {
     if (seen && now - seen.at < this.#intervalMs) {
       seen.held++;
       return;
+    }
+    if (this.#seen.size >= MAX_DISTINCT_ERRORS) {
+      // Messages that name a job or a key are each new: forget the ones past their interval.
+      for (const [message, entry] of this.#seen) if (now - entry.at >= this.#intervalMs) this.#seen.delete(message);
     }
     this.#seen.set(err.message, { at: now, held: 0 });
     const code = (err as NodeJS.ErrnoException).code;
