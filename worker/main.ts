@@ -5,7 +5,7 @@ import { startWorker } from './runner.js';
 
 /**
  * The worker process entry. SIGTERM/SIGINT: stop taking chunks, finish those in hand, exit 0;
- * after WORKER_DRAIN_SECONDS, or at a second signal, exit 1 without them.
+ * after WORKER_DRAIN_SECONDS, or at the same signal again, exit 1 without them.
  */
 const config = loadConfig();
 const logger = createLogger({ level: config.logLevel, name: 'keyfleet-worker' });
@@ -18,14 +18,17 @@ if (!lowered.nice && !lowered.idle) logger.warn('the worker competes with the AP
 logger.info({ nice: lowered.nice ? nice : 'unchanged', sched: lowered.idle ? 'idle' : 'normal' }, 'worker priority');
 const worker = await startWorker(config, logger);
 
-let closing = false;
+let closing: NodeJS.Signals | undefined;
 for (const signal of ['SIGTERM', 'SIGINT'] as const) {
   process.on(signal, () => {
-    if (closing) {
+    // Only the same signal again forces the exit: Ctrl-C under `npm start` sends SIGINT to the
+    // worker and the dev runner, which then sends SIGTERM, and that one should still drain.
+    if (closing === signal) {
       logger.warn({ signal }, 'second signal: exiting without finishing the chunks in hand (they are retaken after JOB_LOCK_MS)');
       process.exit(1);
     }
-    closing = true;
+    if (closing) return;
+    closing = signal;
     logger.info({ signal }, 'draining: finishing chunks in hand');
     // A chunk in hand that cannot be stored (Redis unreachable) would hold the drain for ever.
     setTimeout(() => {
