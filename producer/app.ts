@@ -91,7 +91,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.addHook('preClose', async () => services.events.shutdown());
   app.addHook('onClose', async () => services.close());
 
-  await app.register(errorsPlugin);
+  await app.register(errorsPlugin, { connectionErrors: services.connectionErrors });
   await app.register(authPlugin, { verifier });
   await app.register(metricsPlugin);
   await app.register(rateLimitPlugin, { redis: services.redis, prefix: config.prefix, perSecond: config.syncRateLimit });

@@ -32,6 +32,8 @@ export interface ApiServices {
   readonly registry: Registry;
   readonly metrics: ApiMetrics;
   readonly webhooks: WebhookSender;
+  /** Where this process's Redis errors are logged, each message once per interval. */
+  readonly connectionErrors: ConnectionErrorLog;
   close(): Promise<void>;
 }
 
@@ -67,6 +69,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     registry,
     metrics,
     webhooks,
+    connectionErrors: errors,
     async close() {
       await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.flush()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);

@@ -37,7 +37,8 @@ export class ConnectionErrorLog {
     this.#intervalMs = intervalMs;
   }
 
-  report(source: string, err: Error, msg: string): void {
+  /** Writes `msg` with the error (and `fields`), unless the same message was written within the interval. */
+  report(source: string, err: Error, msg: string, fields: Record<string, unknown> = {}): void {
     const now = Date.now();
     const seen = this.#seen.get(err.message);
     if (seen && now - seen.at < this.#intervalMs) {
@@ -50,7 +51,7 @@ export class ConnectionErrorLog {
     }
     this.#seen.set(err.message, { at: now, held: 0 });
     const code = (err as NodeJS.ErrnoException).code;
-    this.#logger.error({ source, err: { message: err.message, ...(code ? { code } : {}) }, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
+    this.#logger.error({ ...fields, source, err: { message: err.message, ...(code ? { code } : {}) }, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
   }
 
   /** A connection is ready: after errors, says so, and the next error logs at once. */

@@ -1,7 +1,8 @@
-import type { FastifyError, FastifyInstance } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
 import { KeyfleetError, type ErrorCode } from '../../shared/errors.js';
+import type { ConnectionErrorLog } from '../../shared/redis.js';
 
 /** Fastify's own client errors, mapped onto the catalogue. */
 const FASTIFY_CODES: Record<string, ErrorCode> = {
@@ -17,13 +18,26 @@ const FASTIFY_CODES: Record<string, ErrorCode> = {
 const isRedisDown = (err: Error): boolean =>
   err.name === 'MaxRetriesPerRequestError' || /ECONNREFUSED|ECONNRESET|Connection is closed|max retries per request|Stream isn't writeable|ETIMEDOUT|Command timed out/i.test(err.message);
 
+export interface ErrorsOptions {
+  /**
+   * While Redis is unreachable every request fails alike: its error is logged here, once per
+   * message per interval (each request is still counted in the request metrics by status).
+   */
+  readonly connectionErrors: ConnectionErrorLog;
+}
+
 /** Turns every error into `{"error": {"code", "message"}}` with a catalogue status; 5xx never carry detail. */
-export const errorsPlugin = fp(async (app: FastifyInstance) => {
+export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }: ErrorsOptions) => {
+  const redisDown = (request: FastifyRequest, cause: Error): void =>
+    connectionErrors.report('request', cause, 'request failed: redis unavailable', { reqId: request.id, code: 'KF_REDIS_UNAVAILABLE' });
+
   app.setErrorHandler((err: FastifyError, request, reply) => {
     let error: KeyfleetError;
     if (err instanceof KeyfleetError) {
       error = err;
-      if (error.status >= 500) request.log.error({ code: error.code, err: { message: (err.cause as Error | undefined)?.message ?? err.message } }, 'request failed');
+      const cause = err.cause instanceof Error ? err.cause : err;
+      if (error.code === 'KF_REDIS_UNAVAILABLE') redisDown(request, cause);
+      else if (error.status >= 500) request.log.error({ code: error.code, err: { message: cause.message } }, 'request failed');
     } else if (hasZodFastifySchemaValidationErrors(err)) {
       const where = err.validationContext ?? 'request';
       const detail = err.validation
@@ -38,7 +52,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance) => {
     } else if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) {
       error = new KeyfleetError('KF_BAD_REQUEST');
     } else if (isRedisDown(err)) {
-      request.log.warn({ err: { message: err.message } }, 'redis unavailable');
+      redisDown(request, err);
       error = new KeyfleetError('KF_REDIS_UNAVAILABLE');
     } else {
       request.log.error({ err }, 'unhandled error');
