@@ -55,7 +55,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const webhooks = new WebhookSender(webhookQueue, { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
   const metrics = new ApiMetrics(registry);
-  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
+  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
   return {
     redis,
     keyStore,

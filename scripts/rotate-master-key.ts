@@ -10,7 +10,7 @@ if (!config.previousMasterKey) {
   console.error('rotate-master-key: set KEYFLEET_MASTER_KEY to the new key and KEYFLEET_MASTER_KEY_PREVIOUS to the old one');
   process.exit(1);
 }
-const redis = createRedis(config, { role: 'tool' });
+const redis = createRedis(config, { role: 'tool', errors: null });
 let connectionError: Error | undefined;
 redis.on('error', (err: Error) => (connectionError = err));
 redis.on('ready', () => (connectionError = undefined));

@@ -3,6 +3,7 @@ import { KeyfleetError } from './errors.js';
 import type { KeyCache } from './key-cache.js';
 import type { Logger } from './logger.js';
 import type { CryptoMetrics } from './metrics.js';
+import type { ConnectionErrorLog } from './redis.js';
 
 export interface NoncePolicy {
   /** NONCE_LIMIT: encryptions one random-nonce AES-GCM version may make. */
@@ -26,6 +27,7 @@ export class KeyPolicy {
   readonly #policy: NoncePolicy;
   readonly #metrics: CryptoMetrics;
   readonly #logger: Logger;
+  readonly #errors: ConnectionErrorLog;
   /** Totals this process saw after its own increments, fresher than the cached load. */
   readonly #counted = new Map<string, number>();
   /** Encryptions made here and not yet written to Redis, by version. */
@@ -33,11 +35,13 @@ export class KeyPolicy {
   #flushTimer: NodeJS.Timeout | undefined;
   #maxUsed = 0;
 
-  constructor(cache: KeyCache, policy: NoncePolicy, metrics: CryptoMetrics, logger: Logger) {
+  /** `errors`: where a count that could not be written is logged (every 50 ms per version while Redis is down). */
+  constructor(cache: KeyCache, policy: NoncePolicy, metrics: CryptoMetrics, logger: Logger, errors: ConnectionErrorLog) {
     this.#cache = cache;
     this.#policy = policy;
     this.#metrics = metrics;
     this.#logger = logger;
+    this.#errors = errors;
   }
 
   /**
@@ -91,7 +95,7 @@ export class KeyPolicy {
     try {
       total = await this.#cache.store.countEncryptions(tenant, ring.name, version, count);
     } catch (err) {
-      this.#logger.warn({ err: { message: (err as Error).message } }, 'could not count encryptions');
+      this.#errors.report('nonce-budget', err as Error, 'could not count encryptions');
       return;
     }
     this.#counted.set(this.#id(tenant, ring.name, version), total);

@@ -13,11 +13,11 @@ export interface RedisTarget {
 export interface RedisRole {
   /** BullMQ workers need blocking commands retried forever (`maxRetriesPerRequest: null`). */
   readonly role: 'api' | 'worker' | 'subscriber' | 'tool';
-  /** Where the connection's errors are logged; without it they are left to the commands that fail. */
-  readonly errors?: ConnectionErrorLog;
+  /** Where the connection's errors are logged; null when the caller listens for them itself. */
+  readonly errors: ConnectionErrorLog | null;
 }
 
-/** Distinct messages remembered at once; past it, those older than the interval are forgotten. */
+/** Distinct messages remembered at once; past it, the one written longest ago is forgotten. */
 const MAX_DISTINCT_ERRORS = 1_000;
 
 /**
@@ -45,20 +45,21 @@ export class ConnectionErrorLog {
       seen.held++;
       return;
     }
-    if (this.#seen.size >= MAX_DISTINCT_ERRORS) {
-      // Messages that name a job or a key are each new: forget the ones past their interval.
-      for (const [message, entry] of this.#seen) if (now - entry.at >= this.#intervalMs) this.#seen.delete(message);
-    }
+    // Kept in the order last written: past the bound, the longest quiet goes first.
+    this.#seen.delete(err.message);
+    if (this.#seen.size >= MAX_DISTINCT_ERRORS) this.#seen.delete(this.#seen.keys().next().value!);
     this.#seen.set(err.message, { at: now, held: 0 });
     const code = (err as NodeJS.ErrnoException).code;
     this.#logger.error({ ...fields, source, err: { message: err.message, ...(code ? { code } : {}) }, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
   }
 
-  /** A connection is ready: after errors, says so, and the next error logs at once. */
+  /** A connection is ready: after errors, says so with how many were held back, and the next error logs at once. */
   ready(source: string): void {
     if (this.#seen.size === 0) return;
+    let heldBack = 0;
+    for (const { held } of this.#seen.values()) heldBack += held;
     this.#seen.clear();
-    this.#logger.info({ source }, 'redis connection ready again');
+    this.#logger.info({ source, heldBack }, 'redis connection ready again');
   }
 }
 

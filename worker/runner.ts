@@ -37,7 +37,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, priority: config.workerPriority });
   const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
-  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger);
+  const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
   const webhookOptions = { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger };
   const webhooks = new WebhookSender(createWebhookQueue(redis, keys, { keepSeconds: config.resultTtlSeconds, errors }), webhookOptions);
   // Sends the queued webhooks (from any process); without a secret there is nothing to sign, so none are queued.

@@ -27,13 +27,25 @@ describe('ConnectionErrorLog', () => {
     expect(records()[2]).toMatchObject({ level: 50, source: 'worker', heldBack: 4, msg: 'worker error' });
   });
 
-  it('says when a connection is ready again, and the next error is written at once', () => {
+  it('says when a connection is ready again, with how many were held back, and the next error is written at once', () => {
     const { errors, records } = logged();
     errors.ready('api'); // no errors before: nothing to say
-    errors.report('api', refused(), 'redis connection error');
+    for (let n = 0; n < 3; n++) errors.report('api', refused(), 'redis connection error');
+    errors.report('request', new Error('Command timed out'), 'request failed: redis unavailable', { reqId: 'r-1' });
+    errors.report('request', new Error('Command timed out'), 'request failed: redis unavailable', { reqId: 'r-2' });
     errors.ready('subscriber');
     errors.report('api', refused(), 'redis connection error');
-    expect(records().map((r) => r['msg'])).toEqual(['redis connection error', 'redis connection ready again', 'redis connection error']);
-    expect(records()[1]).toMatchObject({ level: 30, source: 'subscriber' });
+    expect(records().map((r) => r['msg'])).toEqual(['redis connection error', 'request failed: redis unavailable', 'redis connection ready again', 'redis connection error']);
+    expect(records()[1]).toMatchObject({ reqId: 'r-1', source: 'request' });
+    expect(records()[2]).toMatchObject({ level: 30, source: 'subscriber', heldBack: 3 });
+  });
+
+  it('remembers at most 1,000 messages: past that, the one written longest ago is written again at once', () => {
+    const { errors, records } = logged();
+    for (let n = 0; n <= 1_000; n++) errors.report('worker', new Error(`job ${n} failed`), 'worker error');
+    errors.report('worker', new Error('job 0 failed'), 'worker error'); // forgotten: written again
+    errors.report('worker', new Error('job 2 failed'), 'worker error'); // remembered: held back
+    expect(records()).toHaveLength(1_002);
+    expect(records().at(-1)!['err'].message).toBe('job 0 failed');
   });
 });
