@@ -56,6 +56,8 @@ export class BatchEvents {
   async close(): Promise<void> {
     this.shutdown();
     this.#channels.clear();
-    await this.#sub.quit();
+    // Not QUIT: while Redis is unreachable it would wait behind the queued re-SUBSCRIBEs for ever
+    // (this connection retries without limit), and a subscriber has nothing to flush.
+    this.#sub.disconnect();
   }
 }

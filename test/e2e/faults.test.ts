@@ -214,6 +214,26 @@ describe('faults', { timeout: 300_000 }, () => {
     }
   });
 
+  it('Redis unreachable: an API stopped with an event stream open exits without waiting for Redis', async () => {
+    const { api, worker, client, admin } = await stack({});
+    expect(await worker.stop()).toBe(0); // no worker: the batch stays queued and its stream open
+    const { batchId } = (await client.uploadNdjson('encrypt', 'serials', ['queued'])).body;
+    const events = await fetch(`${client.base}/v1/batches/${batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` } });
+    expect(events.status).toBe(200);
+    const reader = events.body!.getReader();
+    expect(new TextDecoder().decode((await reader.read()).value)).toContain('event: progress');
+    await ownRedis.kill();
+    try {
+      await sleep(1_000);
+      api.child.kill('SIGTERM');
+      // Before, closing the subscriber connection waited behind its queued re-SUBSCRIBE for ever.
+      expect(await Promise.race([api.exited, sleep(15_000).then(() => 'still running')])).toBe(0);
+    } finally {
+      await reader.cancel().catch(() => {});
+      await ownRedis.start();
+    }
+  });
+
   it('Redis stalled (connections open, no answers): requests answer 503 within seconds instead of hanging, the sync path still encrypts with a cached key, and all recovers', async () => {
     const { client, admin } = await stack({ KEY_CACHE_TTL_MS: '60000' });
     const encrypt = () =>
