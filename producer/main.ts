@@ -1,5 +1,6 @@
 import { loadConfig } from '../shared/config.js';
 import { createLogger } from '../shared/logger.js';
+import { drainOnSignals } from '../shared/shutdown.js';
 import { buildApp } from './app.js';
 
 /**
@@ -15,22 +16,14 @@ const logger = createLogger({ level: config.logLevel, name: 'keyfleet-api' });
 const app = await buildApp({ config, logger });
 await app.listen({ host: config.host, port: config.port });
 
-let closing = false;
-for (const signal of ['SIGTERM', 'SIGINT'] as const) {
-  process.once(signal, () => {
-    if (closing) return;
-    closing = true;
-    logger.info({ signal }, 'shutting down');
-    setTimeout(() => {
-      logger.error({ deadlineMs: SHUTDOWN_DEADLINE_MS }, 'shutdown not finished in time: exiting');
-      process.exit(1);
-    }, SHUTDOWN_DEADLINE_MS).unref();
-    app.close().then(
-      () => process.exit(0),
-      (err: unknown) => {
-        logger.error({ err }, 'shutdown failed');
-        process.exit(1);
-      },
-    );
-  });
-}
+drainOnSignals({
+  logger,
+  close: () => app.close(),
+  deadlineMs: SHUTDOWN_DEADLINE_MS,
+  deadlineFields: { deadlineMs: SHUTDOWN_DEADLINE_MS },
+  messages: {
+    draining: 'shutting down',
+    deadline: 'shutdown not finished in time: exiting',
+    forced: 'second signal: exiting without finishing the requests in flight',
+  },
+});

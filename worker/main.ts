@@ -1,6 +1,7 @@
 import { loadConfig } from '../shared/config.js';
 import { createLogger } from '../shared/logger.js';
 import { lowerProcessPriority } from '../shared/priority.js';
+import { drainOnSignals } from '../shared/shutdown.js';
 import { startWorker } from './runner.js';
 
 /**
@@ -18,32 +19,16 @@ if (!lowered.nice && !lowered.idle) logger.warn('the worker competes with the AP
 logger.info({ nice: lowered.nice ? nice : 'unchanged', sched: lowered.idle ? 'idle' : 'normal' }, 'worker priority');
 const worker = await startWorker(config, logger);
 
-let closing: NodeJS.Signals | undefined;
-for (const signal of ['SIGTERM', 'SIGINT'] as const) {
-  process.on(signal, () => {
-    // Only the same signal again forces the exit: Ctrl-C under `npm start` sends SIGINT to the
-    // worker and the dev runner, which then sends SIGTERM, and that one should still drain.
-    if (closing === signal) {
-      logger.warn({ signal }, 'second signal: exiting without finishing the chunks in hand (they are retaken after JOB_LOCK_MS)');
-      process.exit(1);
-    }
-    if (closing) return;
-    closing = signal;
-    logger.info({ signal }, 'draining: finishing chunks in hand');
-    // A chunk in hand that cannot be stored (Redis unreachable) would hold the drain for ever.
-    setTimeout(() => {
-      logger.error({ drainSeconds: config.workerDrainSeconds }, 'drain not finished within WORKER_DRAIN_SECONDS (is Redis reachable?): exiting; the chunks in hand are retaken after JOB_LOCK_MS');
-      process.exit(1);
-    }, config.workerDrainSeconds * 1000).unref();
-    worker.close().then(
-      () => {
-        logger.info('worker stopped');
-        process.exit(0);
-      },
-      (err: unknown) => {
-        logger.error({ err }, 'shutdown failed');
-        process.exit(1);
-      },
-    );
-  });
-}
+drainOnSignals({
+  logger,
+  close: () => worker.close(),
+  // A chunk in hand that cannot be stored (Redis unreachable) would hold the drain for ever.
+  deadlineMs: config.workerDrainSeconds * 1000,
+  deadlineFields: { drainSeconds: config.workerDrainSeconds },
+  messages: {
+    draining: 'draining: finishing chunks in hand',
+    stopped: 'worker stopped',
+    deadline: 'drain not finished within WORKER_DRAIN_SECONDS (is Redis reachable?): exiting; the chunks in hand are retaken after JOB_LOCK_MS',
+    forced: 'second signal: exiting without finishing the chunks in hand (they are retaken after JOB_LOCK_MS)',
+  },
+});
