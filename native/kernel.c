@@ -95,7 +95,26 @@ static void put_uint(out_t *o, uint64_t v) {
 }
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-static int8_t B64_REV[256];
+// B64's inverse, -1 where a byte is not in it. A constant: every thread that loads the addon
+// shares it, so nothing may write it at load (threads already decoding would read the gap).
+static const int8_t B64_REV[256] = {
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 62, -1, -1, -1, 63,
+  52, 53, 54, 55, 56, 57, 58, 59, 60, 61, -1, -1, -1, -1, -1, -1,
+  -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+  15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, -1, -1, -1, -1, -1,
+  -1, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
+  41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+};
 
 static void put_base64(out_t *o, const uint8_t *s, size_t n) {
   size_t need = ((n + 2) / 3) * 4;
@@ -670,8 +689,6 @@ static napi_value set_idle_scheduling(napi_env env, napi_callback_info info) {
 }
 
 NAPI_MODULE_INIT(/* napi_env env, napi_value exports */) {
-  memset(B64_REV, -1, sizeof B64_REV);
-  for (int i = 0; i < 64; i++) B64_REV[(uint8_t)B64[i]] = (int8_t)i;
   napi_property_descriptor props[] = {
     {"setErrors", NULL, set_errors, NULL, NULL, NULL, napi_default, NULL},
     {"run", NULL, run, NULL, NULL, NULL, napi_default, NULL},

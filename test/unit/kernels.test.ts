@@ -1,4 +1,7 @@
 import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
+import { createRequire } from 'node:module';
+import { Worker } from 'node:worker_threads';
 import { describe, expect, it } from 'vitest';
 import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
 import type { ChunkJob } from '../../shared/crypto/chunk-kernel.js';
@@ -6,6 +9,7 @@ import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/c
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
+import { projectRoot } from '../../shared/project-root.js';
 import { resultLines } from '../../shared/result-codec.js';
 
 const ring = new KeyRing({
@@ -140,6 +144,44 @@ describe('the native kernel', () => {
       }
     }
   });
+  it('decrypts right while other threads load the addon: loading writes nothing threads share', async () => {
+    // Every worker thread loads the addon; a table filled at load once read as "not base64"
+    // for a moment in threads already decoding, and items failed for good.
+    const items = Array.from({ length: 2_000 }, (_, i) => `item-${i}`);
+    const input = pack(run('native', 'encrypt', items).lines.map((l) => l.ciphertext as string));
+    const load = `require(${JSON.stringify(createRequire(import.meta.url).resolve('node-gyp-build'))})(${JSON.stringify(projectRoot())})`;
+    let stop = false;
+    let loads = 0;
+    const errors: Error[] = [];
+    const loaders = new Set<Worker>();
+    const spawn = (): void => {
+      if (stop) return;
+      loads++;
+      const worker = new Worker(load, { eval: true });
+      loaders.add(worker);
+      worker.on('error', (err) => errors.push(err));
+      worker.on('exit', () => {
+        loaders.delete(worker);
+        spawn();
+      });
+    };
+    for (let i = 0; i < 4; i++) spawn();
+    let runs = 0;
+    let failed = 0;
+    const until = Date.now() + 2_000;
+    while (Date.now() < until) {
+      failed += runChunkInto({ op: 'decrypt', encoding: 'utf8', maxItemBytes: 1024 }, input, ring, 0, 'native', nonces).failed;
+      runs++;
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    stop = true;
+    await Promise.all([...loaders].map((worker) => once(worker, 'exit')));
+    expect(errors).toEqual([]);
+    expect(loads).toBeGreaterThan(10);
+    expect(runs).toBeGreaterThan(10);
+    expect(failed).toBe(0);
+  });
+
   it('packLines refuses ranges outside its buffers, and never writes past the output it is given', () => {
     const src = Buffer.from('"a"\n"bb"\n"ccc"\n');
     const state = (start: number, end: number, outAt: number) => new Uint32Array([start, end, outAt, 100, 64, 0, 0, 0]);
