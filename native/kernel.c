@@ -304,12 +304,14 @@ static long open_item(job_t *j, const uint8_t *s, size_t n) {
   while (at < n && at < 4 + 10 && s[at] >= '0' && s[at] <= '9') version = version * 10 + (s[at++] - '0');
   if (at == 4 || at - 4 > 9 || at >= n || s[at] != ':' || version < 1 || s[4] == '0') return -1 - E_DECRYPT_FAILED;
   at++;
+  // The base64 before the version, as the js kernel parses it (shared/crypto/format.ts): a
+  // malformed ciphertext gets the same code from both, and never sends the caller to reload.
+  long sealed = decode_base64(s + at, n - at, j->scratch);
+  if (sealed < 0) return -1 - E_DECRYPT_FAILED;
   if (version > j->latest) { j->newer = 1; return -1 - E_DECRYPT_FAILED; }
   if (version < j->min_dec) return -1 - E_VERSION_DISABLED;
   const version_t *v = find_version(j, (uint32_t)version);
-  if (!v) return -1 - E_DECRYPT_FAILED;
-  long sealed = decode_base64(s + at, n - at, j->scratch);
-  if (sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
+  if (!v || sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
   size_t ct = (size_t)sealed - NONCE - TAG;
   int len = 0;
   if (!tl_dec_ready) {

@@ -87,6 +87,20 @@ describe('the native kernel', () => {
     expect([native.succeeded, native.failed]).toEqual([2, 10]);
   });
 
+  it('checks the base64 before the version, as the js kernel does', () => {
+    const retired = new KeyRing({ name: 'kernels', type: 'aes256-gcm96', latestVersion: 2, minDecryptionVersion: 2, versions: [{ version: 2, material: randomBytes(32) }] });
+    for (const kernel of ['js', 'native'] as const) {
+      // Under a version this process has not seen: broken, not a reason to reload the key.
+      const newer = run(kernel, 'decrypt', ['kf:v3:not*base64']);
+      expect(newer.lines.map((l) => l.error?.code)).toEqual(['KF_DECRYPT_FAILED']);
+      expect(newer.newerVersionSeen).toBe(false);
+      // Under a version no longer decrypted: broken is still broken; well-formed is disabled.
+      const out = runChunkInto({ op: 'decrypt', encoding: 'utf8', maxItemBytes: 1024 }, pack(['kf:v1:not*base64', `kf:v1:${'A'.repeat(40)}`]), retired, 0, kernel, nonces);
+      const codes = format(out.buffer, kernel).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l).error?.code);
+      expect(codes).toEqual(['KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED']);
+    }
+  });
+
   it('accepts only the spelling of a ciphertext it writes: non-zero padding bits and leading-zero versions fail in both kernels', () => {
     // Plaintext lengths 1 and 2 leave 28 + n sealed bytes: both padding shapes ('==' and '=') occur.
     const cts = run('native', 'encrypt', ['a', 'bb', 'ccc']).lines.map((l) => l.ciphertext as string);
