@@ -153,14 +153,17 @@ export class BatchIntake {
     await setImmediate();
   }
 
-  /** Flushes the last partial chunk, waits for every write, and seals the batch: it can now complete. */
-  async finish(): Promise<number> {
+  /**
+   * Flushes the last partial chunk, waits for every write, and seals the batch: it can now
+   * complete, and has if every chunk already ran (`completed`). Refused (KF_UPLOAD_ABORTED)
+   * when the batch ended meanwhile.
+   */
+  async finish(): Promise<'progress' | 'completed'> {
     await this.drain();
     if (this.#packer.count > 0) this.#inFlight.push(this.#enqueue(this.#sealChunk()));
     const writes = this.#inFlight.splice(0);
     await Promise.all(writes);
-    await this.#store.seal(this.batchId);
-    return this.#total;
+    return this.#store.seal(this.batchId);
   }
 
   #counted(): void {

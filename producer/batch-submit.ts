@@ -38,7 +38,11 @@ export async function submitBatch(
   try {
     await fill(intake);
     if (intake.total === 0) throw new KeyfleetError('KF_VALIDATION', 'the upload holds no items');
-    await intake.finish();
+    if ((await intake.finish()) === 'completed') {
+      // Every chunk ran before the seal: sealing completed the batch, so no worker announces it.
+      app.services.metrics.batches.inc({ event: 'completed' });
+      app.services.webhooks.deliver(batches, batchId);
+    }
   } catch (err) {
     const error = err instanceof KeyfleetError ? err : isAbort(err) ? new KeyfleetError('KF_UPLOAD_ABORTED', undefined, { cause: err }) : undefined;
     if (await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) {

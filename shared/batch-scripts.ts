@@ -22,7 +22,7 @@ import type { Redis } from './redis.js';
 const startResultClock = ({ meta, done, base, ttl }: { meta: string; done: string; base: string; ttl: string }): string => `
 redis.call('EXPIRE', ${meta}, ${ttl})
 redis.call('EXPIRE', ${done}, ${ttl})
-for i = 0, tonumber(redis.call('HGET', ${meta}, 'chunks')) - 1 do redis.call('EXPIRE', ${base} .. ':out:' .. i, ${ttl}) end`;
+for i = 0, ${storedChunks(base)} - 1 do redis.call('EXPIRE', ${base} .. ':out:' .. i, ${ttl}) end`;
 
 /** Lua, ending a script: completes the batch (KEYS[1]) once it is sealed and every chunk is done, else publishes progress. */
 const completeWhenDone = ({ now, channel, ttl, done, base }: { now: string; channel: string; ttl: string; done: string; base: string }): string => `
@@ -36,28 +36,43 @@ redis.call('PUBLISH', ${channel}, 'progress')
 return 1`;
 
 /**
+ * Lua: a bound on the chunk indices of the batch KEYS[1] (`base`: its meta key). An upload
+ * writes a few chunks at once and they may land out of order, so until it is sealed a stored
+ * chunk's index can pass the count: the `added` bitmap covers those.
+ */
+const storedChunks = (base: string): string =>
+  `math.max(tonumber(redis.call('HGET', KEYS[1], 'chunks')), redis.call('STRLEN', ${base} .. ':added') * 8)`;
+
+/**
  * Lua: fails the open batch KEYS[1]: its items not yet processed leave the backlog, its inputs
  * are deleted; results already made stay `ttl` like the record.
  */
 const failOpenBatch = (a: { backlog: string; upload: string; done: string; code: string; message: string; now: string; channel: string; base: string; ttl: string }): string => `
 redis.call('HSET', KEYS[1], 'status', 'failed', 'errorCode', ${a.code}, 'errorMessage', ${a.message}, 'finishedAt', ${a.now})
 redis.call('DECRBY', ${a.backlog}, tonumber(redis.call('HGET', KEYS[1], 'total')) - tonumber(redis.call('HGET', KEYS[1], 'processed')))
-for i = 0, tonumber(redis.call('HGET', KEYS[1], 'chunks')) - 1 do redis.call('UNLINK', ${a.base} .. ':in:' .. i) end
-redis.call('UNLINK', ${a.upload})
+for i = 0, ${storedChunks(a.base)} - 1 do redis.call('UNLINK', ${a.base} .. ':in:' .. i) end
 ${startResultClock({ meta: 'KEYS[1]', done: a.done, base: a.base, ttl: a.ttl })}
+redis.call('UNLINK', ${a.upload}, ${a.base} .. ':added')
 redis.call('PUBLISH', ${a.channel}, 'failed')`;
 
 /** Lua: the batch's record is gone (expired): the chunk's input, if still there, holds its items in the backlog. */
 const dropOrphanInput = ({ input, backlog, count }: { input: string; backlog: string; count: string }): string => `
 if redis.call('UNLINK', ${input}) == 1 then redis.call('DECRBY', ${backlog}, ${count}) end`;
 
-/** KEYS meta, input, backlog, upload, done · ARGV count, leaseMs, openTtl. The input was SET (EX chunkTtl) just before. */
+/**
+ * KEYS meta, input, backlog, upload, done, added · ARGV count, leaseMs, openTtl, chunk. The input
+ * was SET (EX chunkTtl) just before. A chunk counts once: ioredis sends a command again when
+ * the connection broke before its reply, and the script may have run.
+ */
 const ADD_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then redis.call('UNLINK', KEYS[2]) return 0 end
 redis.call('PEXPIRE', KEYS[4], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
+local again = redis.call('SETBIT', KEYS[6], ARGV[4], 1) == 1
+redis.call('EXPIRE', KEYS[6], ARGV[3])
+if again then return 1 end
 redis.call('HINCRBY', KEYS[1], 'total', ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'chunks', 1)
 redis.call('INCRBY', KEYS[3], ARGV[1])
@@ -114,8 +129,10 @@ const SEAL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
 if status == 'cancelled' or status == 'failed' then return -2 end
+if status == 'completed' then return 2 end
 redis.call('HSET', KEYS[1], 'sealed', 1)
 redis.call('DEL', KEYS[2])
+redis.call('UNLINK', ARGV[4] .. ':added')
 ${completeWhenDone({ now: 'ARGV[1]', channel: 'ARGV[2]', ttl: 'ARGV[3]', done: 'KEYS[3]', base: 'ARGV[4]' })}`;
 
 /**
@@ -145,19 +162,21 @@ if status == 'queued' or status == 'running' then
   changed = 1
 end
 redis.call('HSET', KEYS[1], 'deleted', 1)
-for i = 0, tonumber(redis.call('HGET', KEYS[1], 'chunks')) - 1 do
+for i = 0, ${storedChunks('ARGV[3]')} - 1 do
   redis.call('UNLINK', ARGV[3] .. ':in:' .. i, ARGV[3] .. ':out:' .. i)
 end
-redis.call('UNLINK', KEYS[2], KEYS[4])
+redis.call('UNLINK', KEYS[2], KEYS[4], ARGV[3] .. ':added')
 redis.call('PUBLISH', ARGV[2], 'cancelled')
 return changed`;
 
 /**
  * KEYS tenantBatches, meta, upload · ARGV metaPrefix, limit, openTtl, leaseMs, id, field, value, …
  * Admission: counts the tenant's batches still queued or running (forgetting ended ones) and
- * creates the new one only below the limit, atomically.
+ * creates the new one only below the limit, atomically. Ids are random, so a record already
+ * there is this one, created by a run whose reply was lost (ioredis sent the script again).
  */
 const CREATE = `
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 local active = 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local status = redis.call('HGET', ARGV[1] .. id, 'status')
@@ -174,7 +193,7 @@ return 1`;
 declare module 'ioredis' {
   interface RedisCommander<Context> {
     kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
-    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, count: number, leaseMs: number, openTtl: number): Result<number, Context>;
+    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, added: string, count: number, leaseMs: number, openTtl: number, chunk: number): Result<number, Context>;
     kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
     kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
     kfBatchSeal(meta: string, upload: string, done: string, now: string, channel: string, ttl: number, base: string): Result<number, Context>;
@@ -186,7 +205,7 @@ declare module 'ioredis' {
 /** Registers the scripts on a connection (idempotent: ioredis keeps one definition per name). */
 export function defineBatchScripts(redis: Redis): void {
   redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
-  redis.defineCommand('kfChunkAdd', { numberOfKeys: 5, lua: ADD_CHUNK });
+  redis.defineCommand('kfChunkAdd', { numberOfKeys: 6, lua: ADD_CHUNK });
   redis.defineCommand('kfChunkComplete', { numberOfKeys: 6, lua: COMPLETE_CHUNK });
   redis.defineCommand('kfChunkSettle', { numberOfKeys: 5, lua: SETTLE_CHUNK });
   redis.defineCommand('kfBatchSeal', { numberOfKeys: 3, lua: SEAL });

@@ -41,6 +41,8 @@ export type ChunkCompletion = 'progress' | 'completed' | 'duplicate' | 'batch-go
 
 const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended', '3': 'input-lost' };
 
+const ENDED_DURING_UPLOAD = 'the batch ended (cancelled or failed) during its upload';
+
 /** The least time an open batch (queued or running) lives after its last news: a week. */
 export const OPEN_BATCH_SECONDS = 7 * 86_400;
 
@@ -133,9 +135,9 @@ export class BatchStore {
       this.#redis
         .pipeline()
         .set(input, sealed, 'EX', this.#chunkTtl)
-        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), k.batchDone(id), count, this.#leaseMs, this.#openTtl),
+        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), k.batchDone(id), k.batchAdded(id), count, this.#leaseMs, this.#openTtl, chunk),
     );
-    if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', 'the batch ended (cancelled or failed) during its upload');
+    if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', ENDED_DURING_UPLOAD);
   }
 
   /** How often an upload should renew its lease: well inside it. */
@@ -160,10 +162,17 @@ export class BatchStore {
     return Math.max(0, Number((await this.#redis.get(this.#keys.backlogItems())) ?? 0));
   }
 
-  /** Marks the upload complete: from now on the last chunk to finish completes the batch. */
-  async seal(id: string): Promise<void> {
+  /**
+   * Marks the upload complete: from now on the last chunk to finish completes the batch. When
+   * every chunk finished before this, sealing completes it (`completed`: the caller announces
+   * it, as no worker will). Refused once the batch has ended (cancelled, failed, expired).
+   */
+  async seal(id: string): Promise<'progress' | 'completed'> {
     const k = this.#keys;
-    await this.#redis.kfBatchSeal(k.batch(id), k.batchUpload(id), k.batchDone(id), new Date().toISOString(), k.batchEvents(id), this.#ttl, k.batch(id));
+    const result = await this.#redis.kfBatchSeal(k.batch(id), k.batchUpload(id), k.batchDone(id), new Date().toISOString(), k.batchEvents(id), this.#ttl, k.batch(id));
+    if (result === 2) return 'completed';
+    if (result === 1) return 'progress';
+    throw new KeyfleetError('KF_UPLOAD_ABORTED', ENDED_DURING_UPLOAD);
   }
 
   /**

@@ -144,6 +144,14 @@ export class RedisKeys {
     return `${this.prefix}:batch:${id}:out:${chunk}:${run}`;
   }
 
+  /**
+   * Bitmap of chunks stored by the upload: the guard that makes adding a chunk idempotent (a
+   * client that lost the reply sends the script again). Deleted when the upload is sealed.
+   */
+  batchAdded(id: string): string {
+    return `${this.batch(id)}:added`;
+  }
+
   /** Bitmap of chunks already accounted: the guard that makes a chunk's completion idempotent. */
   batchDone(id: string): string {
     return `${this.prefix}:batch:${id}:done`;

@@ -25,6 +25,8 @@ export interface ProcessorDeps {
   readonly onBatchEnded?: (batchId: string) => void;
 }
 
+type ChunkOutcome = Awaited<ReturnType<CryptoPool['run']>>;
+
 export interface ChunkReport {
   readonly chunk: number;
   readonly count: number;
@@ -55,6 +57,9 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
         onBatchEnded?.(data.batchId);
       } else {
         log.debug({ completion: input }, 'nothing to run for this chunk');
+        // Counted already, maybe by a run that completed the batch and never heard so (the
+        // worker died after the script): announced again; the webhook still goes out once.
+        if (input === 'duplicate') onBatchEnded?.(data.batchId);
       }
       return { chunk: data.chunk, count: 0, completion: input };
     }
@@ -64,14 +69,22 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     // a rewrap with targetKey opens with the source key and seals under the target's.
     let ring = data.op === 'decrypt' || data.targetKey ? await ringFor(keyCache, data) : await sealingRing(keyPolicy, data, data.key);
     const target = data.targetKey ? await sealingRing(keyPolicy, data, data.targetKey) : undefined;
-    let outcome = await pool.run(spec, input, ring.toData(), target?.toData());
+    // Every run's encryptions count against the nonce budget, whether or not its results are
+    // the ones kept: counted before the completion, a run whose completion reply is lost
+    // (and reads as a duplicate when sent again) is not missed.
+    const run = async (packed: Buffer): Promise<ChunkOutcome> => {
+      const made = await pool.run(spec, packed, ring.toData(), target?.toData());
+      if (data.op !== 'decrypt') keyPolicy.counted(data.tenant, target ?? ring, made.succeeded);
+      return made;
+    };
+    let outcome = await run(input);
     if (outcome.newerVersionSeen) {
       // Some ciphertexts name a version newer than the cached ring: reload and run the chunk again.
       const fresh = await ringFor(keyCache, data, true);
       if (fresh.latestVersion > ring.latestVersion) {
         ring = fresh;
         const again = await batches.readInput(data.batchId, data.chunk);
-        if (again) outcome = await pool.run(spec, again, ring.toData(), target?.toData());
+        if (again) outcome = await run(again);
       }
     }
     if (outcome.count !== data.count) {
@@ -82,9 +95,6 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     const results = data.resultFormat === 'records' ? outcome.results : Buffer.concat([...resultLines(outcome.results, data.firstIndex, 0, formatter)]);
     const completion = await batches.completeChunk(data.batchId, data.chunk, { ...outcome, results });
     stopTimer();
-    if ((completion === 'progress' || completion === 'completed') && data.op !== 'decrypt') {
-      keyPolicy.counted(data.tenant, target ?? ring, outcome.succeeded);
-    }
     if (completion === 'progress' || completion === 'completed') {
       metrics.chunks.inc({ outcome: 'counted' });
       metrics.countItems(data.op, ring.type, 'batch', outcome.succeeded, outcome.failed);
@@ -97,6 +107,8 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       onBatchEnded?.(data.batchId);
     } else if (completion === 'duplicate') {
       log.info('chunk already counted; this run discarded');
+      // Maybe by this job's own run, whose reply was lost: announced again, as above.
+      onBatchEnded?.(data.batchId);
     }
     return { chunk: data.chunk, count: outcome.count, completion };
   };

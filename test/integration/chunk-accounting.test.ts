@@ -1,9 +1,16 @@
+import type { Job } from 'bullmq';
 import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { BatchStore } from '../../shared/batch-store.js';
 import { RedisKeys } from '../../shared/redis.js';
+import { createLogger } from '../../shared/logger.js';
+import { WorkerMetrics } from '../../shared/metrics.js';
+import type { ChunkJobData } from '../../shared/schemas.js';
+import { createChunkProcessor } from '../../worker/processor.js';
 import { testEnv } from '../helpers/env.js';
 
 const { env } = testEnv();
@@ -33,7 +40,7 @@ async function batchWithChunks(n: number): Promise<string> {
 describe('chunk accounting', () => {
   it('a chunk completed twice (a retry after a crash) counts once and keeps the first results', async () => {
     const id = await batchWithChunks(2);
-    await store.seal(id);
+    expect(await store.seal(id)).toBe('progress');
     expect(await store.completeChunk(id, 0, outcome(10, 'first\n'))).toBe('progress');
     expect(await store.completeChunk(id, 0, outcome(10, 'second\n'))).toBe('duplicate');
     expect((await store.get(id))!).toMatchObject({ status: 'running', processed: 10, succeeded: 10 });
@@ -53,7 +60,8 @@ describe('chunk accounting', () => {
     // Every chunk is done before the upload is sealed: sealing completes it.
     await store.completeChunk(id, 2, outcome(10, 'c\n'));
     expect((await store.get(id))!.status).toBe('running');
-    await store.seal(id);
+    // The caller announces it (webhook, metric): no worker saw the batch complete.
+    expect(await store.seal(id)).toBe('completed');
     expect(await store.completeChunk(id, 2, outcome(10, 'c again\n'))).toBe('duplicate');
     const record = (await store.get(id))!;
     expect(record).toMatchObject({ status: 'completed', total: 30, processed: 30 });
@@ -72,7 +80,7 @@ describe('chunk accounting', () => {
     expect((await store.get(id))!.status).toBe('running');
     await store.fail(id, 'KF_UPLOAD_ABORTED');
     expect((await store.get(id))!).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
-    await store.seal(id);
+    await expect(store.seal(id)).rejects.toMatchObject({ code: 'KF_UPLOAD_ABORTED' });
     expect((await store.get(id))!.status).toBe('failed');
   });
 
@@ -85,6 +93,96 @@ describe('chunk accounting', () => {
     expect((await store.get(id))!).toMatchObject({ status: 'cancelled', processed: 10, deleted: true });
     // Nothing of the batch is left but its status record: no input, result or staged run.
     expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
+  });
+
+  it('chunks stored out of order (writes in flight together) are all deleted when the batch is cancelled or fails', async () => {
+    for (const end of ['cancel', 'fail'] as const) {
+      const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
+      await store.addChunk(id, 2, Buffer.from('input-2'), 10);
+      await store.addChunk(id, 0, Buffer.from('input-0'), 10);
+      expect((await store.get(id))!.chunks).toBe(2);
+      if (end === 'cancel') await store.cancel(id);
+      else await store.fail(id, 'KF_UPLOAD_ABORTED');
+      expect(await redis.keys(`${keys.batch(id)}:in:*`)).toEqual([]);
+    }
+  });
+});
+
+/**
+ * Between ioredis and Redis: passes everything, except that the first reply to a write holding
+ * `marker` never arrives and the connection breaks, as in a network fault after Redis ran the
+ * command. ioredis then sends the unanswered commands again on a new connection.
+ */
+async function replyLosingProxy(marker: string): Promise<{ url: string; close: () => void }> {
+  const { hostname, port } = new URL(env['REDIS_URL']!);
+  let armed = true;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(port), hostname);
+    let loseReply = false;
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on('error', () => {});
+      s.on('close', () => sockets.delete(s));
+    }
+    client.on('data', (data) => {
+      if (armed && data.includes(marker)) [armed, loseReply] = [false, true];
+      upstream.write(data);
+    });
+    upstream.on('data', (data) => {
+      if (!loseReply) return void client.write(data);
+      client.destroy();
+      upstream.destroy();
+    });
+    client.on('close', () => upstream.destroy());
+    upstream.on('close', () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port: own } = server.address() as net.AddressInfo;
+  return {
+    url: `redis://127.0.0.1:${own}`,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
+describe('a reply lost on the way back (ioredis sends the command again)', () => {
+  async function storeBehind(marker: string): Promise<{ lossy: BatchStore; done: () => Promise<void> }> {
+    const proxy = await replyLosingProxy(marker);
+    const client = new Redis(proxy.url);
+    client.on('error', () => {}); // the broken connection; ioredis reconnects
+    const lossy = new BatchStore(client, keys, { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer });
+    return { lossy, done: async () => void (await client.quit(), proxy.close()) };
+  }
+
+  it('creating a batch counts once against its tenant\'s limit', async () => {
+    // The script's arguments name the record's fields; the membership read before it does not.
+    const { lossy, done } = await storeBehind('chunkItems');
+    try {
+      const id = await lossy.create({ tenant: 'tenant-lost-reply', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1);
+      expect((await store.get(id))!.status).toBe('queued');
+      expect(await redis.smembers(keys.tenantBatches('tenant-lost-reply'))).toEqual([id]);
+    } finally {
+      await done();
+    }
+  });
+
+  it('adding a chunk counts its items once, and the batch completes', async () => {
+    const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
+    const backlog = await store.backlogItems();
+    const { lossy, done } = await storeBehind(keys.batchInput(id, 0));
+    try {
+      await lossy.addChunk(id, 0, Buffer.from('input-0'), 10);
+    } finally {
+      await done();
+    }
+    expect((await store.get(id))!).toMatchObject({ chunks: 1, total: 10 });
+    expect((await store.backlogItems()) - backlog).toBe(10);
+    expect(await store.seal(id)).toBe('progress');
+    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    expect((await store.backlogItems()) - backlog).toBe(0);
   });
 });
 
@@ -111,5 +209,25 @@ describe('backlog', () => {
     // A batch that ended takes no more chunks (an upload still running when it was cancelled).
     await expect(own.addChunk(cancelled, 1, Buffer.from('x'), 10)).rejects.toMatchObject({ code: 'KF_UPLOAD_ABORTED' });
     expect(await own.backlogItems()).toBe(0);
+  });
+});
+
+describe('the chunk processor', () => {
+  it('a rerun of a chunk whose first run completed the batch (and died before saying so) announces the end', async () => {
+    const id = await batchWithChunks(1);
+    await store.seal(id);
+    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    const ended: string[] = [];
+    // Nothing runs for a chunk counted already: no key, no thread.
+    const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
+    const processChunk = createChunkProcessor({
+      batches: store, keyCache: unused, keyPolicy: unused, pool: unused, formatter: undefined, maxItemBytes: 1024,
+      logger: createLogger({ level: 'silent', name: 'test' }),
+      metrics: new WorkerMetrics(new Registry(), { busySeconds: 0, queueSize: 0, threads: 1 }),
+      onBatchEnded: (batchId) => ended.push(batchId),
+    });
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
+    expect(ended).toEqual([id]);
   });
 });
