@@ -164,10 +164,18 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: numb
   if (from >= batch.total) return;
   const first = chunkItems > 0 ? Math.floor(from / chunkItems) : 0;
   let skip = chunkItems > 0 ? from - first * chunkItems : from;
-  let next = first < chunks ? batches.readResults(id, first) : undefined;
+  // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
+  // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
+  const readAhead = (chunk: number): Promise<Buffer | null> | undefined => {
+    if (chunk >= chunks) return undefined;
+    const read = batches.readResults(id, chunk);
+    read.catch(() => {});
+    return read;
+  };
+  let next = readAhead(first);
   for (let chunk = first; chunk < chunks; chunk++) {
     const current = await next!;
-    next = chunk + 1 < chunks ? batches.readResults(id, chunk + 1) : undefined;
+    next = readAhead(chunk + 1);
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
     yield* resultLines(current, chunk * chunkItems, skip, formatter);
     skip = 0;

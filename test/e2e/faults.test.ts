@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import http from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../producer/app.js';
@@ -266,6 +267,39 @@ describe('faults', { timeout: 300_000 }, () => {
       status = (await client.json('GET', '/v1/keys/serials')).status;
     }
     expect(status).toBe(200);
+  });
+
+  it('Redis stalled under a slow results download: the download stops short, the API stays up, and serves it in full once Redis is back', async () => {
+    // Chunks of ~4.5 MB of lines: the client pauses in the middle of one, after the next was read ahead.
+    const { client, admin, api } = await stack({ CHUNK_ITEMS: '10000' });
+    // ~20 MB of result lines: more than loopback's socket buffers take in while the client waits.
+    const items = Array.from({ length: 40_000 }, (_, i) => serial(i).padEnd(320, '.'));
+    const { batchId } = (await client.uploadNdjson('encrypt', 'serials', items)).body;
+    expect((await client.waitForBatch(batchId)).status).toBe('completed');
+
+    const download = await new Promise<http.IncomingMessage>((resolve, reject) =>
+      http.get(`${client.base}/v1/batches/${batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } }, resolve).on('error', reject));
+    expect(download.statusCode).toBe(200);
+    download.on('error', () => {}); // it breaks off while Redis stalls
+    download.pause();
+    await sleep(500); // the API fills the socket and waits, the next chunk read ahead
+    ownRedis.pause();
+    try {
+      // About 1 MB/s: a chunk's lines take longer to send than a Redis command may take (2 s),
+      // so the chunk after them, read ahead while Redis stalls, fails while nobody waits on it yet.
+      for (const until = Date.now() + 12_000; Date.now() < until && !download.readableEnded && !download.destroyed; ) {
+        for (let taken = 0, piece: Buffer | null; taken < 100_000 && (piece = download.read()) !== null; ) taken += piece.length;
+        await sleep(100);
+      }
+      expect(download.complete).toBe(false);
+      expect(api.child.exitCode).toBeNull();
+      expect((await fetch(`${client.base}/healthz`, { signal: AbortSignal.timeout(5_000) })).status).toBe(200);
+    } finally {
+      ownRedis.resume();
+      download.destroy();
+    }
+    expect((await client.results(batchId)).map((line) => line.i)).toEqual(items.map((_, i) => i));
+    expect(api.child.exitCode).toBeNull();
   });
 
   it('a poison chunk (it fails on every attempt) ends its batch failed with the reason; other batches are unaffected', async () => {
