@@ -48,6 +48,7 @@ export class ItemFramer {
   /** The key being read (its first KEY_BYTES bytes), while in a key. */
   #key: number[] | undefined;
   #itemsKey = false;
+  #sawItems = false;
   /** The element being read: its nesting, whether it is in a string, whether it is a bare word. */
   #elementDepth = 0;
   #elementInString = false;
@@ -134,6 +135,9 @@ export class ItemFramer {
       case OPEN_BRACE:
       case OPEN_BRACKET:
         if (this.#depth === 0) this.#topIsObject = b === OPEN_BRACE;
+        // The body is {"items": [...]} and nothing else, so nothing nests deeper outside an
+        // element (the parser's cost per closed value grows with the depth it holds).
+        if (this.#depth === 0 ? b !== OPEN_BRACE : this.#depth > 1 || b !== OPEN_BRACKET || !itemsKey) throw notTheShape();
         this.#inItems = this.#depth === 1 && this.#topIsObject && b === OPEN_BRACKET && itemsKey;
         this.#keyNext = this.#depth === 0 && this.#topIsObject;
         this.#depth++;
@@ -163,8 +167,15 @@ export class ItemFramer {
   #endToken(end: number): void {
     this.#checkToken(end);
     if (this.#key) {
-      this.#itemsKey = this.#key.length <= KEY_BYTES && keyOf(this.#key) === 'items';
+      const raw = this.#key;
       this.#key = undefined;
+      const key = raw.length <= KEY_BYTES ? keyOf(raw) : undefined;
+      if (key !== 'items') {
+        const shown = key ?? `${Buffer.from(raw).toString('utf8')}…`;
+        throw new KeyfleetError('KF_VALIDATION', `body: unrecognized key ${JSON.stringify(shown)}: a batch's body holds "items" only; its options (encoding, context, callbackUrl …) go in the query string`);
+      }
+      if (this.#sawItems) throw new KeyfleetError('KF_VALIDATION', 'body: "items" given twice');
+      this.#sawItems = this.#itemsKey = true;
     }
     this.#state = BETWEEN;
   }
@@ -268,6 +279,8 @@ function closingQuote(piece: Buffer, from: number): number {
     at = quote + 1;
   }
 }
+
+const notTheShape = (): KeyfleetError => new KeyfleetError('KF_VALIDATION', 'body: expected a JSON object {"items": [...]} with an array of items');
 
 /** The key a member's raw bytes (up to and with its closing quote) spell; undefined if they are not JSON. */
 function keyOf(raw: number[]): string | undefined {

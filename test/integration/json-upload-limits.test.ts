@@ -112,7 +112,7 @@ describe('JSON batch upload limits', () => {
       const elements = Array.from({ length: 10 + Math.floor(rand() * 40) }, () => elementOf(rand));
       const ws = () => [' ', '\n', '\t', ''][Math.floor(rand() * 4)]!;
       const key = rand() < 0.3 ? '"\\u0069tems"' : '"items"';
-      const body = Buffer.from(`${ws()}{${ws()}"meta":{"items":["not these"],"n":[1,{"x":"y"}]},${ws()}${key}${ws()}:${ws()}[${ws()}${elements.join(`${ws()},${ws()}`)}${ws()}]${ws()},"after":"z"}${ws()}`);
+      const body = Buffer.from(`${ws()}{${ws()}${key}${ws()}:${ws()}[${ws()}${elements.join(`${ws()},${ws()}`)}${ws()}]${ws()}}${ws()}`);
       const cuts = Array.from({ length: 200 }, () => 1 + Math.floor(rand() * (rand() < 0.5 ? 16 : MAX_ITEM * 3)));
       const intake = await newIntake();
       await readJsonItems(pieces(body, cuts), intake, MAX_ELEMENT);
@@ -121,9 +121,35 @@ describe('JSON batch upload limits', () => {
   });
 
   it('refuses a string longer than any item outside "items" with 413 KF_PAYLOAD_TOO_LARGE', async () => {
-    const res = await upload(app, `{"note":"${'A'.repeat(8 * MB)}","items":["a"]}`);
-    expect(res.statusCode).toBe(413);
-    expect(res.json().error.code).toBe('KF_PAYLOAD_TOO_LARGE');
+    for (const body of [`{"${'A'.repeat(8 * MB)}":1,"items":["a"]}`, `{"items":"${'A'.repeat(8 * MB)}"}`]) {
+      const res = await upload(app, body);
+      expect(res.statusCode).toBe(413);
+      expect(res.json().error.code).toBe('KF_PAYLOAD_TOO_LARGE');
+    }
+  });
+
+  it('refuses any other body than {"items": [...]} with 400 KF_VALIDATION, as the sync routes refuse unknown fields', async () => {
+    const refused: Array<[string, RegExp]> = [
+      // An option in the body would be ignored: the batch would run without it.
+      ['{"items":["secret"],"context":"tenant=acme"}', /unrecognized key "context".*query string/],
+      ['{"bogus":1,"items":["a"]}', /unrecognized key "bogus"/],
+      [`{"${'k'.repeat(100)}":1}`, /unrecognized key "k{64}/],
+      ['{"items":["a"],"items":["b"]}', /"items" given twice/],
+      ['{"items":{"a":["b"]}}', /expected a JSON object \{"items": \[...\]\}/],
+      ['["a","b"]', /expected a JSON object/],
+      // Nesting outside the items: the parser's cost grows with the square of its depth.
+      [`{"x":${'['.repeat(80_000)}${']'.repeat(80_000)},"items":["a"]}`, /unrecognized key "x"/],
+      [`{"items":[],${'['.repeat(80_000)}`, /expected a JSON object/],
+    ];
+    for (const [body, message] of refused) {
+      const res = await upload(app, body);
+      expect(res.statusCode, body.slice(0, 40)).toBe(400);
+      expect(res.json().error).toMatchObject({ code: 'KF_VALIDATION', message: expect.stringMatching(message) });
+    }
+    // Nesting inside an element is the element's own: it fails alone.
+    const nested = await upload(app, `{"items":["a",${'['.repeat(1_000)}${']'.repeat(1_000)},"b"]}`);
+    expect(nested.statusCode).toBe(202);
+    expect(nested.json().total).toBe(3);
   });
 
   it('still refuses malformed JSON as a whole with 400 KF_INVALID_JSON', async () => {
