@@ -229,11 +229,16 @@ export class BatchStore {
     return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), code, message, new Date().toISOString(), k.batchEvents(id), '0', k.batch(id), this.#ttl)) === 1;
   }
 
-  /** Cancels what has not run and deletes inputs and results; the status record stays resultTtlSeconds from the batch's end. */
-  async cancel(id: string): Promise<void> {
+  /**
+   * Cancels what has not run and deletes inputs and results; the status record stays
+   * resultTtlSeconds from the batch's end. True when this cancelled it (it was queued or
+   * running); false when it had ended already and only its data went.
+   */
+  async cancel(id: string): Promise<boolean> {
     const k = this.#keys;
     const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id), k.batch(id), this.#ttl);
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
+    return result === 1;
   }
 
   async get(id: string): Promise<BatchRecord | undefined> {

@@ -39,7 +39,8 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
     if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
     const body = idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds, () => void reply.header('connection', 'close'));
-    const ndjson = (request.headers['content-type'] ?? '').startsWith(NDJSON);
+    // Media types are case-insensitive (RFC 9110), as fastify matches the parsers above.
+    const ndjson = (request.headers['content-type'] ?? '').toLowerCase().startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX (NDJSON lines, JSON elements)
     const submit = async (items: AsyncIterable<Buffer>, keepAlive?: () => void) => {
       const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) }, (intake) =>
@@ -92,10 +93,13 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
 
   r.delete('/v1/batches/:id', { schema: { tags, summary: 'Cancel what has not run and delete the results', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
     const batch = await readableBatch(app, request, request.params.id);
-    await batches.cancel(batch.id);
-    app.services.webhooks.deliver(batches, batch.id);
-    app.services.metrics.batches.inc({ event: 'cancelled' });
-    request.log.info({ tenant: batch.tenant, batchId: batch.id }, 'batch cancelled and deleted');
+    if (await batches.cancel(batch.id)) {
+      app.services.webhooks.deliver(batches, batch.id);
+      app.services.metrics.batches.inc({ event: 'cancelled' });
+      request.log.info({ tenant: batch.tenant, batchId: batch.id }, 'batch cancelled and deleted');
+    } else {
+      request.log.info({ tenant: batch.tenant, batchId: batch.id, status: batch.status }, 'batch deleted');
+    }
     return publicStatus((await batches.get(batch.id)) ?? batch);
   });
 }

@@ -156,13 +156,32 @@ describe('batches', () => {
   });
 
   it('deletes a batch: results are gone and the status says so', async () => {
+    const cancelledCount = async (): Promise<number> => {
+      const text = await (await fetch(`${client.base}/metrics`, { headers: { authorization: `Bearer ${admin.token}` } })).text();
+      return Number(/^keyfleet_batches_total\{[^}]*event="cancelled"[^}]*\} (\d+)$/m.exec(text)?.[1] ?? 0);
+    };
+    const cancelledBefore = await cancelledCount();
     const submitted = await client.uploadNdjson('encrypt', 'serials', ['to-delete-1', 'to-delete-2']);
     await client.waitForBatch(submitted.body.batchId);
     const deleted = await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`);
     expect(deleted.status).toBe(200);
+    expect(deleted.body.status).toBe('completed');
+    expect((await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`)).status).toBe(200);
+    // Deleting a completed batch is not a cancellation, however often it is asked.
+    expect(await cancelledCount()).toBe(cancelledBefore);
     const res = await fetch(`${client.base}/v1/batches/${submitted.body.batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
     expect(res.status).toBe(410);
     expect(((await res.json()) as any).error.code).toBe('KF_BATCH_DELETED');
+  });
+
+  it('takes an upload’s media type in any case, as HTTP has it', async () => {
+    const res = await fetch(`${client.base}/v1/batches?op=encrypt&key=serials`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'Application/X-NDJSON' },
+      body: '"case-1"\n"case-2"\n',
+    });
+    expect(res.status).toBe(202);
+    expect(((await res.json()) as any).total).toBe(2);
   });
 
   it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {
