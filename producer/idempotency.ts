@@ -17,9 +17,12 @@ const HEADER = 'idempotency-key';
 const VALID_KEY = /^[\x20-\x7e]{1,255}$/;
 /**
  * A claimed key whose request is still running stays claimed this long unless renewed: a crashed
- * API frees it in time, and a long upload renews it (BatchIntake's keep-alive).
+ * API frees it in time, and a long upload renews it (BatchIntake's keep-alive) as its body
+ * arrives. An upload may wait UPLOAD_IDLE_SECONDS between pieces, so a claim lasts at least
+ * twice that (pendingMs).
  */
-export const PENDING_MS = 120_000;
+const PENDING_MS = 120_000;
+export const pendingMs = (uploadIdleSeconds: number): number => Math.max(PENDING_MS, 2_000 * uploadIdleSeconds);
 
 /** The request's Idempotency-Key, if it sent one; a malformed one is a 400. */
 export function idempotencyKeyOf(request: FastifyRequest): string | undefined {
@@ -55,12 +58,15 @@ export class IdempotencyStore {
   readonly #keys: RedisKeys;
   readonly #sealer: AtRestSealer;
   readonly #ttlSeconds: number;
+  readonly #pendingMs: number;
 
-  constructor(redis: Redis, keys: RedisKeys, sealer: AtRestSealer, ttlSeconds: number) {
+  /** `pendingMs`: how long a claim lives without renewal (pendingMs(UPLOAD_IDLE_SECONDS)). */
+  constructor(redis: Redis, keys: RedisKeys, sealer: AtRestSealer, ttlSeconds: number, pendingMs: number) {
     this.#redis = redis;
     this.#keys = keys;
     this.#sealer = sealer;
     this.#ttlSeconds = ttlSeconds;
+    this.#pendingMs = pendingMs;
   }
 
   /** The stored answer for this key, after checking it was given to the same request; undefined if none yet. */
@@ -78,13 +84,13 @@ export class IdempotencyStore {
   /** Claims the key for a request about to run; a concurrent claim of the same key is a 409. */
   async claim(tenant: string, key: string, fingerprint: string): Promise<void> {
     const entry: Entry = { fp: fingerprint, state: 'pending' };
-    const claimed = await this.#redis.set(this.#slot(tenant, key), JSON.stringify(entry), 'PX', PENDING_MS, 'NX');
+    const claimed = await this.#redis.set(this.#slot(tenant, key), JSON.stringify(entry), 'PX', this.#pendingMs, 'NX');
     if (claimed !== 'OK') throw new KeyfleetError('KF_IDEMPOTENCY_IN_PROGRESS', undefined, { retryAfterSeconds: 1 });
   }
 
   /** Keeps a claim alive while its request runs long (a big upload). */
   async renew(tenant: string, key: string): Promise<void> {
-    await this.#redis.pexpire(this.#slot(tenant, key), PENDING_MS);
+    await this.#redis.pexpire(this.#slot(tenant, key), this.#pendingMs);
   }
 
   /** Stores the answer. `fingerprint` may differ from the claim's (an upload's is known only at its end). */
@@ -134,7 +140,7 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
 /**
  * Stores the answer of work that has been done, and sends it. The work stands whether or not
  * its answer could be stored (a batch exists, ciphertexts were made), so the caller gets it
- * either way; an answer not stored leaves the key claimed until the claim lapses (PENDING_MS),
+ * either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
  * so that a retry in the meantime is a 409 and not the work done a second time.
  */
 export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<FastifyReply> {

@@ -14,7 +14,7 @@ import { ConnectionErrorLog, createRedis, RedisKeys, type Redis } from '../share
 import { WebhookSender } from '../shared/webhooks.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
-import { IdempotencyStore } from './idempotency.js';
+import { IdempotencyStore, pendingMs } from './idempotency.js';
 import { registerQueueMetrics } from './queue-metrics.js';
 
 /** The long-lived parts the API's routes share; `close()` releases every connection. */
@@ -62,7 +62,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     keyCache,
     keyPolicy,
     batches,
-    idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds),
+    idempotency: new IdempotencyStore(redis, keys, sealer, config.idempotencyTtlSeconds, pendingMs(config.uploadIdleSeconds)),
     queue,
     webhookQueue,
     events,

@@ -1,8 +1,12 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import { createHash, randomBytes } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { IdempotencyStore, pendingMs } from '../../producer/idempotency.js';
+import { AtRestSealer } from '../../shared/at-rest.js';
+import { RedisKeys } from '../../shared/redis.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -210,6 +214,17 @@ describe('idempotency', () => {
     expect(clash.statusCode).toBe(409);
     expect(clash.json().error.code).toBe('KF_IDEMPOTENCY_MISMATCH');
     expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['B'] }, key)).statusCode).toBe(200);
+  });
+
+  it('keeps an upload’s claim on its key through the longest pause between pieces that UPLOAD_IDLE_SECONDS allows', async () => {
+    const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+    const store = new IdempotencyStore(redis, keys, new AtRestSealer(randomBytes(32)), 60, pendingMs(300));
+    await store.claim('acme', 'slow-upload', 'fp');
+    const slot = keys.idempotency(createHash('sha256').update('acme\nslow-upload').digest('hex'));
+    // Renewed only as pieces arrive: a pause of 300 s must not free the key for a second upload.
+    expect(await redis.pttl(slot)).toBeGreaterThan(300_000);
+    expect(pendingMs(60)).toBe(120_000);
+    await store.release('acme', 'slow-upload');
   });
 
   it('refuses a malformed Idempotency-Key with 400', async () => {
