@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
 import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
@@ -232,5 +233,20 @@ describe('hostile input', () => {
     // And nothing it was sent, tokens or plaintexts, reached its logs.
     const logs = [...api.lines, ...worker.lines].join('\n');
     for (const secret of [admin.token, encryptOnly.token, ...plaintexts]) expect(logs.includes(secret)).toBe(false);
+  });
+
+  it('then drains and exits 0 at SIGTERM: no upload refused before the end of its body keeps its connection', async () => {
+    // 3 MB refused at its first bytes (a string outside "items"): most of it is never read.
+    const refused = await new Promise<number>((resolve, reject) => {
+      const req = http.request(`${client.base}/v1/batches?op=encrypt&key=serials`, { method: 'POST', headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/json' } }, (res) => {
+        res.resume();
+        resolve(res.statusCode!);
+      });
+      req.on('error', reject);
+      req.end(`{"items":"${'A'.repeat(3 * 2 ** 20)}"}`);
+    });
+    expect(refused).toBe(413);
+    // The API's own drain deadline (25 s) would exit 1; a connection left open held it there.
+    expect(await api.stop(20_000)).toBe(0);
   });
 });
