@@ -112,7 +112,7 @@ export class ApiMetrics extends CryptoMetrics {
     });
     this.batches = new Counter({
       name: 'keyfleet_batches_total',
-      help: 'Batch lifecycle events seen by this API: created, cancelled, failed (uploads that did not complete, abandoned uploads); completed and failed in processing are counted by workers.',
+      help: 'Batch lifecycle events seen by this API: created, cancelled, failed (uploads that did not complete, abandoned uploads), completed (only a batch whose chunks all ran before its upload was sealed); the rest of completed and failed are counted by workers.',
       labelNames: ['event'],
       registers: [registry],
     });
