@@ -90,6 +90,7 @@ export class ChunkPacker {
     if (this.#at + bytes <= this.#buf.length) return;
     const grown = Buffer.allocUnsafe(Math.max(this.#buf.length * 2, this.#at + bytes));
     this.#buf.copy(grown, 0, 0, this.#at);
+    this.#buf.fill(0, 0, this.#at); // the items it held (plaintexts) do not stay behind in memory let go
     this.#buf = grown;
   }
 }

@@ -171,6 +171,13 @@ describe('auth and input errors', () => {
     expect(logged.statusCode).toBe(200);
     const mine = logLines.slice(before).map((l) => JSON.parse(l)).filter((l) => l.reqId === 'trace-me-2');
     expect(mine.map((l) => l.msg)).toEqual(['incoming request', 'request completed']);
+    // A request line shows the path and which parameters were sent, but not what a callbackUrl
+    // (credentials) or a context (whose items) says.
+    const query = 'op=encrypt&key=licences&context=acct-4242&callbackUrl=https%3A%2F%2Fhooks.example.com%2Fh%3Ftoken%3Dhook-secret-77';
+    await app.inject({ method: 'POST', url: `/v1/batches?${query}`, headers: { ...bearer(admin), 'content-type': 'application/x-ndjson', 'x-request-id': 'trace-me-3' }, payload: '"a"\n' });
+    const line = logLines.map((l) => JSON.parse(l)).find((l) => l.reqId === 'trace-me-3' && l.msg === 'incoming request');
+    expect(line.req).toMatchObject({ method: 'POST', url: '/v1/batches?op=encrypt&key=licences&context=[redacted]&callbackUrl=[redacted]' });
+    expect(logLines.join('')).not.toMatch(/hook-secret-77|acct-4242/);
   });
 
   it('interoperates across kernels: what an API on the node:crypto kernel seals, this one opens, and back', async () => {
