@@ -31,7 +31,7 @@ export const REDACT_PATHS = [
 const SHOWN_QUERY = new Set(['op', 'key', 'targetKey', 'encoding', 'mode', 'from']);
 
 /** A URL for a log line: the path as it is, the query with only SHOWN_QUERY values. */
-export function loggedUrl(url: string): string {
+function loggedUrl(url: string): string {
   const query = url.indexOf('?');
   if (query === -1) return url;
   const params = [...new URLSearchParams(url.slice(query + 1))].map(([name, value]) =>

@@ -50,8 +50,8 @@ export const webhookJobId = (batchId: string): string => `${batchId}.webhook`;
 export interface WebhookQueueOptions {
   /**
    * How long finished delivery jobs are kept (RESULT_TTL_SECONDS). The kept job id is what stops a
-   * second delivery of the same batch (a DELETE after completion calls deliver again), so it must
-   * outlive the batch record: bounded by age, not by count.
+   * second delivery of the same batch (a rerun of a chunk counted already announces its batch's
+   * end again), so it must outlive the batch record: bounded by age, not by count.
    */
   readonly keepSeconds: number;
   readonly errors: ConnectionErrorLog;
