@@ -12,12 +12,13 @@ const BACKSLASH = 0x5c;
  * the chunk — no decode, no JSON.parse, no per-line allocation; where the native kernel is
  * built, runs of plain ASCII lines are packed by it in one call per piece. Anything else goes
  * through JSON.parse. A line that is not a string fails that item only. A line longer than
- * `maxLineBytes` is skipped up to its newline and fails as too large.
+ * `maxLineBytes` is skipped up to its newline and fails as too large. A byte order mark at the
+ * start (files saved by Windows tools) is not part of the first line.
  */
 export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: BatchIntake, maxLineBytes: number, { native = canPackLines } = {}): Promise<void> {
   let carry: Buffer | undefined;
   let skipping = false;
-  for await (const piece of body) {
+  for await (const piece of withoutByteOrderMark(body)) {
     let start = 0;
     const first = piece.indexOf(NL);
     // The line begun in an earlier piece ends at this piece's first newline.
@@ -88,4 +89,18 @@ function takeLine(buf: Buffer, start: number, end: number, intake: BatchIntake):
   }
   if (typeof value === 'string') intake.add(Buffer.from(value, 'utf8'));
   else intake.rejectNotString();
+}
+
+const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
+
+/** The body without a UTF-8 byte order mark at its start, however the first pieces are cut. */
+async function* withoutByteOrderMark(body: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+  let head: Buffer = Buffer.alloc(0);
+  const pieces = body[Symbol.asyncIterator]();
+  for (let next = await pieces.next(); !next.done; next = await pieces.next()) {
+    head = head.length === 0 ? next.value : Buffer.concat([head, next.value]);
+    if (head.length >= BOM.length || !BOM.subarray(0, head.length).equals(head)) break;
+  }
+  if (head.length > 0) yield BOM.equals(head.subarray(0, BOM.length)) ? head.subarray(BOM.length) : head;
+  for (let next = await pieces.next(); !next.done; next = await pieces.next()) yield next.value;
 }

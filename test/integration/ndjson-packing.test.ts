@@ -95,6 +95,17 @@ describe('NDJSON upload packing', () => {
     }
   });
 
+  it('reads a body that starts with a byte order mark (a file saved by a Windows tool) as one without it, however its first bytes are cut', async () => {
+    const lines = ['"LIC-0001"', '"LIC-0002"', '"ünïcødé"'];
+    const body = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(lines.join('\n') + '\n')]);
+    for (const cuts of [[1, 1, 1], [2, 5], [3], [4], [200]]) {
+      for (const native of [canPackLines, false]) expect(await packed(body, cuts, native), `cuts ${cuts}`).toEqual(expected(lines));
+    }
+    // Only at the start: elsewhere the bytes are part of a line, which is not a JSON string.
+    const inside = Buffer.concat([Buffer.from('"a"\n'), Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('"b"\n')]);
+    expect((await packed(inside, [100], false)).map((i) => i.flag)).toEqual([ITEM_OK, ITEM_NOT_STRING]);
+  });
+
   it('stores every chunk intact when one body piece fills many chunks before any is written', async () => {
     // The intake seals chunks into buffers it reuses once their writes are done: a piece of
     // 300 lines seals ~40 chunks before the first write, and each must keep its own buffer.
