@@ -95,12 +95,16 @@ const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
 
 /** The body without a UTF-8 byte order mark at its start, however the first pieces are cut. */
 async function* withoutByteOrderMark(body: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  let head: Buffer = Buffer.alloc(0);
-  const pieces = body[Symbol.asyncIterator]();
-  for (let next = await pieces.next(); !next.done; next = await pieces.next()) {
-    head = head.length === 0 ? next.value : Buffer.concat([head, next.value]);
-    if (head.length >= BOM.length || !BOM.subarray(0, head.length).equals(head)) break;
+  let head: Buffer | undefined = Buffer.alloc(0); // the first bytes, until they tell; then undefined
+  for await (const piece of body) {
+    if (!head) {
+      yield piece;
+      continue;
+    }
+    head = head.length === 0 ? piece : Buffer.concat([head, piece]);
+    if (head.length < BOM.length && BOM.subarray(0, head.length).equals(head)) continue;
+    yield BOM.equals(head.subarray(0, BOM.length)) ? head.subarray(BOM.length) : head;
+    head = undefined;
   }
-  if (head.length > 0) yield BOM.equals(head.subarray(0, BOM.length)) ? head.subarray(BOM.length) : head;
-  for (let next = await pieces.next(); !next.done; next = await pieces.next()) yield next.value;
+  if (head?.length) yield head;
 }

@@ -60,8 +60,8 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     }
     const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' ? 5 : undefined);
     if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
-    // Refused before its body was read to the end (an upload that failed early, a body over the
-    // limit): nobody reads the rest, so the connection closes after the answer. Kept open, it
+    // Answered before its body was read to the end (an upload that failed early or went quiet,
+    // a body over the limit): nobody reads the rest, so the connection closes after the answer. Kept open, it
     // stayed with the unread bytes in its buffers, and held up the API's shutdown to its deadline.
     if (!request.raw.complete) reply.header('connection', 'close');
     return reply.status(error.status).send({ error: error.toBody() });

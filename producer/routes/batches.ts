@@ -38,7 +38,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
     if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
-    const body = idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds, () => void reply.header('connection', 'close'));
+    const body = idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds);
     // Media types are case-insensitive (RFC 9110), as fastify matches the parsers above.
     const ndjson = (request.headers['content-type'] ?? '').toLowerCase().startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX (NDJSON lines, JSON elements)
@@ -126,17 +126,15 @@ async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: 
 /**
  * The body, failing with 408 KF_REQUEST_TIMEOUT when nothing arrives for `seconds`
  * (UPLOAD_IDLE_SECONDS), so that a client stalled mid-upload does not hold its batch open.
- * The read left waiting is abandoned; `onIdle` marks the connection to close after the answer.
+ * The read left waiting is abandoned (the error handler closes the connection of a request
+ * answered before its body ended).
  */
-async function* idleBounded(body: AsyncIterable<Buffer>, seconds: number, onIdle: () => void): AsyncGenerator<Buffer> {
+async function* idleBounded(body: AsyncIterable<Buffer>, seconds: number): AsyncGenerator<Buffer> {
   const pieces = body[Symbol.asyncIterator]();
   for (;;) {
     let timer: NodeJS.Timeout | undefined;
     const idle = new Promise<never>((_resolve, fail) => {
-      timer = setTimeout(() => {
-        onIdle();
-        fail(new KeyfleetError('KF_REQUEST_TIMEOUT', `the upload sent nothing for ${seconds} s (UPLOAD_IDLE_SECONDS)`));
-      }, seconds * 1000);
+      timer = setTimeout(() => fail(new KeyfleetError('KF_REQUEST_TIMEOUT', `the upload sent nothing for ${seconds} s (UPLOAD_IDLE_SECONDS)`)), seconds * 1000);
     });
     const next = pieces.next();
     next.catch(() => {}); // settles after the timeout, if ever: nobody waits for it then
