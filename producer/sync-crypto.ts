@@ -1,5 +1,5 @@
 import { Buffer } from 'node:buffer';
-import { ITEM_OK, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
+import { ITEM_NOT_STRING, ITEM_OK, ITEM_TOO_LARGE } from '../shared/chunk-codec.js';
 import { itemError, type ErrorCode } from '../shared/errors.js';
 import { itemLimit, openItem, plaintextBytes, plaintextText, sealItem, type Encoding } from '../shared/crypto/items.js';
 import { nativeJob, outputBound, resolveKernel, type KernelChoice } from '../shared/crypto/kernel.js';
@@ -10,7 +10,8 @@ import type { BatchOp } from '../shared/schemas.js';
 
 export interface SyncRequest {
   readonly op: BatchOp;
-  readonly items: readonly string[];
+  /** null: an item that is not a string (or an item object); it fails alone as KF_INVALID_ITEM. */
+  readonly items: ReadonlyArray<string | null>;
   readonly encoding: Encoding;
   readonly maxItemBytes: number;
   /** Each item's context (bound as associated data), where one was given. */
@@ -52,13 +53,13 @@ const grown = (buf: Buffer, size: number): Buffer => (buf.length >= size ? buf :
 function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: KeyRing): SyncOutcome {
   const limit = itemLimit(op, encoding, maxItemBytes);
   let size = 0;
-  for (const item of items) size += 5 + Math.min(Buffer.byteLength(item, 'utf8'), limit + 1);
+  for (const item of items) size += 5 + (item === null ? 0 : Math.min(Buffer.byteLength(item, 'utf8'), limit + 1));
   const packed = (packedScratch = grown(packedScratch, size));
   let at = 0;
   for (const item of items) {
-    const length = Buffer.byteLength(item, 'utf8');
-    if (length > limit) {
-      packed[at] = ITEM_TOO_LARGE;
+    const length = item === null ? 0 : Buffer.byteLength(item, 'utf8');
+    if (item === null || length > limit) {
+      packed[at] = item === null ? ITEM_NOT_STRING : ITEM_TOO_LARGE;
       packed.writeUInt32LE(0, at + 1);
       at += 5;
       continue;
@@ -90,7 +91,10 @@ function runJs(request: SyncRequest, ring: KeyRing): SyncOutcome {
   const limit = itemLimit(request.op, request.encoding, request.maxItemBytes);
   const results = request.items.map((item, index): ItemResult => {
     const context = request.contexts?.[index];
-    const outcome = Buffer.byteLength(item, 'utf8') > limit ? 'KF_ITEM_TOO_LARGE' : runOne(request, ring, item, context === undefined ? undefined : Buffer.from(context, 'utf8'));
+    const outcome =
+      item === null ? 'KF_INVALID_ITEM'
+      : Buffer.byteLength(item, 'utf8') > limit ? 'KF_ITEM_TOO_LARGE'
+      : runOne(request, ring, item, context === undefined ? undefined : Buffer.from(context, 'utf8'));
     if (typeof outcome !== 'string') return outcome;
     failed++;
     if (outcome === NEWER) newerVersionSeen = true;

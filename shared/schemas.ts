@@ -66,9 +66,20 @@ const cryptoItem = z.union([
   z.object({ ciphertext: z.string(), context: context.optional() }).strict(),
 ]);
 export type CryptoItem = z.infer<typeof cryptoItem>;
+/**
+ * An item as the sync routes read it: one that is neither (a number, a misspelt field, an
+ * overlong context) becomes null and fails alone as KF_INVALID_ITEM, as a bad line of an upload
+ * does, instead of failing the request.
+ */
+const syncItem = z
+  .union([cryptoItem, z.null()])
+  .catch(null)
+  // The caught value is no default an item takes: undefined drops it from the OpenAPI document.
+  .meta({ description: 'Any other value (null, a number, an object of another shape) fails alone, in its place, as KF_INVALID_ITEM.', default: undefined });
+export type SyncItem = z.infer<typeof syncItem>;
 export const cryptoBody = z
   .object({
-    items: z.array(cryptoItem),
+    items: z.array(syncItem),
     /** The context of every item that does not give its own. */
     context: context.optional(),
     /** Rewrap only: re-encrypt into this key (e.g. from a legacy key into a modern one). */

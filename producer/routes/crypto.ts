@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type CryptoItem } from '../../shared/schemas.js';
+import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
 import { principalOf, requireRewrapSource } from '../plugins/auth.js';
@@ -50,7 +50,8 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
           const extra = { ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) };
           const { batchId, total } = await submitBatch(app, { tenant, op, key, encoding, requestId: request.id, ...extra }, async (intake) => {
             for (const item of texts) {
-              intake.add(Buffer.from(item, 'utf8'));
+              if (item === null) intake.rejectNotString();
+              else intake.add(Buffer.from(item, 'utf8'));
               await intake.drain();
             }
           });
@@ -64,8 +65,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
           op === 'decrypt' || targetKey ? keyCache.get(tenant, key, { fresh }) : keyPolicy.forEncryption(tenant, key, { version: keyVersion, fresh, count: texts.length });
         let ring = await ringOf(false);
         const target = targetKey ? await keyPolicy.forEncryption(tenant, targetKey, { count: texts.length }) : undefined;
-        // A convergent key sealed everything under a context, so every operation on one needs it.
-        if ((ring.convergent || target?.convergent) && contexts?.every((c) => c !== undefined) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
+        // A convergent key sealed everything under a context, so every operation on one needs it
+        // (an unreadable item fails alone whatever its context).
+        if ((ring.convergent || target?.convergent) && contexts?.every((c, i) => c !== undefined || texts[i] === null) !== true) throw new KeyfleetError('KF_CONTEXT_REQUIRED');
         const syncRequest = { op, items: texts, encoding, maxItemBytes, ...(contexts ? { contexts } : {}), ...(target ? { target } : {}) };
         let outcome = runSync(syncRequest, ring, kernel);
         if (outcome.newerVersionSeen) {
@@ -89,12 +91,16 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
 }
 
 /**
- * Items as texts, and their contexts where any was given (an item's own, else the request's).
- * The common request — strings, no context — passes through untouched.
+ * Items as texts (null where an item could not be read), and their contexts where any was given
+ * (an item's own, else the request's). The common request — strings, no context — passes
+ * through untouched.
  */
-function normalise(items: readonly CryptoItem[], context: string | undefined): { texts: readonly string[]; contexts?: ReadonlyArray<string | undefined>; perItemContext: boolean } {
-  if (context === undefined && items.every((i) => typeof i === 'string')) return { texts: items as readonly string[], perItemContext: false };
-  const texts = items.map((i) => (typeof i === 'string' ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
-  const contexts = items.map((i) => (typeof i === 'string' ? context : (i.context ?? context)));
-  return { texts, contexts, perItemContext: items.some((i) => typeof i !== 'string' && i.context !== undefined) };
+function normalise(items: readonly SyncItem[], context: string | undefined): { texts: ReadonlyArray<string | null>; contexts?: ReadonlyArray<string | undefined>; perItemContext: boolean } {
+  const isText = (i: SyncItem): i is string | null => i === null || typeof i === 'string';
+  if (context === undefined && items.every(isText)) return { texts: items, perItemContext: false };
+  const texts = items.map((i) => (isText(i) ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
+  const perItemContext = items.some((i) => !isText(i) && i.context !== undefined);
+  if (context === undefined && !perItemContext) return { texts, perItemContext };
+  const contexts = items.map((i) => (isText(i) ? context : (i.context ?? context)));
+  return { texts, contexts, perItemContext };
 }

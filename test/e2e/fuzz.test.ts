@@ -76,6 +76,8 @@ function generator(random: () => number) {
   const auth = { authorization: `Bearer ${admin.token}` };
   const json = { ...auth, 'content-type': 'application/json' };
   const weird = [null, true, 1, -1, 1e308, -0, 'str', {}, [[]], { items: 1 }, '\u0000', 2 ** 63];
+  // Items no sync route can read: each fails alone (KF_INVALID_ITEM), the request does not.
+  const notItems = weird.filter((w) => typeof w !== 'string');
   const garbage = () => Buffer.from(Array.from({ length: 1 + int(64) }, () => int(256))).toString('latin1');
   const ciphertext = () => pick(ciphertexts);
   const tamper = (c: string): string => {
@@ -97,7 +99,7 @@ function generator(random: () => number) {
     () => ({ kind: 'invalid-json', method: 'POST', path: `/v1/${pick(['encrypt', 'decrypt', 'rewrap'])}/serials`, headers: json, body: pick(['{', '{"items": [', '{"items": ["a",]}', garbage(), '{"items": ["a"]}}', 'nul', '\u0000', '{"items":["\\ud800"', '[]'.repeat(int(3))]) }),
     // wrong types
     () => ({ kind: 'wrong-types', method: 'POST', path: `/v1/${pick(['encrypt', 'decrypt', 'rewrap'])}/serials`, headers: json, body: JSON.stringify(pick([
-      { items: pick(weird) }, { items: [pick(weird), pick(weird)] }, { items: ['a'], encoding: pick(['hex', 5, null, 'BASE64']) },
+      { items: pick(weird) }, { items: [pick(notItems), pick(notItems)] }, { items: ['a'], encoding: pick(['hex', 5, null, 'BASE64']) },
       { items: ['a'], mode: pick(['fast', 1, true]) }, { items: ['a'], extra: 1 }, pick(weird), {},
     ])), allow: 'items-fail' }),
     // huge and negative numbers

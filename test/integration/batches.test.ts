@@ -105,7 +105,7 @@ describe('batches', () => {
     expect(await client.waitForBatch(batchId)).toMatchObject({ status: 'completed', succeeded: 2, failed: 4 });
     const lines = await client.results(batchId);
     expect(lines.map((l) => l.plaintext ?? l.error?.code)).toEqual(['fine', 'KF_DECRYPT_FAILED', 'KF_INVALID_ITEM', 'KF_INVALID_ITEM', 'KF_DECRYPT_FAILED', 'fine']);
-    expect(lines[3]!.error!.message).toBe('the item is not a JSON string'); // '{not json': not JSON at all
+    expect(lines[3]!.error!.message).toBe('the item is not a JSON string (nor, in a synchronous request, an item object)'); // '{not json': not JSON at all
   });
 
   it('accepts a JSON body {"items": [...]} streamed in', async () => {
@@ -123,8 +123,11 @@ describe('batches', () => {
     const auto = await client.json('POST', '/v1/encrypt/serials', { items: Array.from({ length: 51 }, (_, i) => `auto-${i}`) });
     expect(auto.status).toBe(202);
     expect(auto.body).toMatchObject({ status: 'queued', total: 51 });
-    const forced = await client.json('POST', '/v1/encrypt/serials', { items: ['one'], mode: 'async' });
+    const forced = await client.json('POST', '/v1/encrypt/serials', { items: ['one', 2, 'three'], mode: 'async' });
     expect(forced.status).toBe(202);
+    expect((await client.waitForBatch(forced.body.batchId)).succeeded).toBe(2);
+    const forcedResults = (await client.results(forced.body.batchId)).map((l) => l.error?.code ?? 'sealed');
+    expect(forcedResults).toEqual(['sealed', 'KF_INVALID_ITEM', 'sealed']);
     const tooMany = await client.json('POST', '/v1/encrypt/serials', { items: Array.from({ length: 51 }, () => 'x'), mode: 'sync' });
     expect(tooMany.status).toBe(400);
     expect(tooMany.body.error.code).toBe('KF_SYNC_LIMIT');

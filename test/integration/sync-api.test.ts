@@ -84,6 +84,21 @@ describe('sync encrypt and decrypt', () => {
     for (const r of results.slice(1, 5)) expect(r).toEqual({ error: { code: 'KF_DECRYPT_FAILED', message: 'decryption failed' } });
   });
 
+  it('fails an item that is not a string or an item object alone, as a bad line of an upload fails', async () => {
+    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, an item object)' } };
+    const items = ['first', 42, null, { plaintext: 5 }, { plaintext: 'x', extra: 1 }, { plaintext: 'y', context: '' }, ['nested'], 'last', { plaintext: 'own' }];
+    const sealed = (await post('/v1/encrypt/licences', { items })).json().results;
+    expect(sealed.slice(1, 7)).toEqual(Array(6).fill(invalid));
+    const good = [sealed[0], sealed[7], sealed[8]].map((r: any) => r.ciphertext);
+    const opened = (await post('/v1/decrypt/licences', { items: [good[0], true, good[1], { ciphertext: good[2] }] })).json().results;
+    expect(opened).toEqual([{ plaintext: 'first' }, invalid, { plaintext: 'last' }, { plaintext: 'own' }]);
+    // With contexts the items go through the node:crypto path, which fails them the same way.
+    const withContext = (await post('/v1/encrypt/licences', { items: [{ plaintext: 'a', context: 'c1' }, 7, 'b'], context: 'c0' })).json().results;
+    expect(withContext[1]).toEqual(invalid);
+    const back = (await post('/v1/decrypt/licences', { items: [{ ciphertext: withContext[0].ciphertext, context: 'c1' }, {}, withContext[2].ciphertext], context: 'c0' })).json().results;
+    expect(back).toEqual([{ plaintext: 'a' }, invalid, { plaintext: 'b' }]);
+  });
+
   it('rotates, rewraps old ciphertexts to the new version, and enforces minDecryptionVersion per item', async () => {
     await post('/v1/keys/rotating', {});
     const v1 = (await encrypt('rotating', ['alpha', 'beta'])).map((r: any) => r.ciphertext);
@@ -121,7 +136,6 @@ describe('auth and input errors', () => {
   it('answers bad bodies with a 4xx and a stable code', async () => {
     const cases: Array<[unknown, string, number]> = [
       [{ items: 'a' }, 'KF_VALIDATION', 400],
-      [{ items: [1, 2] }, 'KF_VALIDATION', 400],
       [{ items: ['a'], encoding: 'rot13' }, 'KF_VALIDATION', 400],
       [{ items: ['a'], extra: true }, 'KF_VALIDATION', 400],
     ];
