@@ -33,7 +33,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
 
-  r.post('/v1/batches', { config: { scope: 'batches' }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
+  r.post('/v1/batches', { config: { scope: 'batches', readsOwnBody: true }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);

@@ -105,26 +105,41 @@ describe('limits', () => {
     expect(field.json().error.message).toMatch(/^body: /);
   });
 
-  it('fails an upload that sends nothing for UPLOAD_IDLE_SECONDS with 408, and its batch with it', async () => {
+  it('fails an upload or a JSON body that sends nothing for UPLOAD_IDLE_SECONDS with 408 (and the upload’s batch), not one that keeps coming', async () => {
     const idle = testEnv({ UPLOAD_IDLE_SECONDS: '3' });
     const idleApp = await api(idle.env);
     expect((await call(idleApp, idle.admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
     const address = await idleApp.listen({ host: '127.0.0.1', port: 0 });
-    const started = Date.now();
-    // Three items, then the client goes quiet (and would stay so for 20 s).
-    const answer = await new Promise<{ status: number; body: string; connection: string | undefined }>((resolve, reject) => {
-      const req = httpRequest(`${address}/v1/batches?op=encrypt&key=serials`, { method: 'POST', headers: { authorization: `Bearer ${idle.admin.token}`, 'content-type': 'application/x-ndjson' } }, (res) => {
-        let body = '';
-        res.setEncoding('utf8').on('data', (d) => (body += d)).on('end', () => resolve({ status: res.statusCode!, body, connection: res.headers.connection }));
+    // Writes `pieces` one per second (then ends), or, with `quiet`, the first piece only and
+    // then goes quiet (and would stay so for 20 s).
+    const send = (path: string, contentType: string, pieces: string[], quiet: boolean) =>
+      new Promise<{ status: number; body: string; connection: string | undefined }>((resolve, reject) => {
+        const length = Buffer.byteLength(pieces.join(''));
+        const req = httpRequest(`${address}${path}`, { method: 'POST', headers: { authorization: `Bearer ${idle.admin.token}`, 'content-type': contentType, 'content-length': length } }, (res) => {
+          let body = '';
+          res.setEncoding('utf8').on('data', (d) => (body += d)).on('end', () => resolve({ status: res.statusCode!, body, connection: res.headers.connection }));
+        });
+        req.on('error', reject);
+        const timers = (quiet ? [[20_000, pieces.slice(1).join('')] as const] : pieces.slice(1).map((piece, n) => [1_000 * (n + 1), piece] as const))
+          .map(([after, piece], n, all) => setTimeout(() => (n === all.length - 1 ? req.end(piece) : req.write(piece)), after));
+        req.write(pieces[0]);
+        req.on('close', () => timers.forEach(clearTimeout));
       });
-      req.on('error', reject);
-      req.write('"a"\n"b"\n"c');
-      const quiet = setTimeout(() => req.end('"\n'), 20_000);
-      req.on('close', () => clearTimeout(quiet));
-    });
-    expect(answer.status).toBe(408);
-    expect(JSON.parse(answer.body).error).toEqual({ code: 'KF_REQUEST_TIMEOUT', message: 'the upload sent nothing for 3 s (UPLOAD_IDLE_SECONDS)' });
-    expect(answer.connection).toBe('close');
+    const started = Date.now();
+    const [upload, stalled, steady] = await Promise.all([
+      send('/v1/batches?op=encrypt&key=serials', 'application/x-ndjson', ['"a"\n"b"\n"c', '"\n'], true),
+      send('/v1/encrypt/serials', 'application/json', ['{"items": ["a", ', '"b"]}'], true),
+      // Five seconds in all, never three without a byte.
+      send('/v1/encrypt/serials', 'application/json', ['{"items": [', '"a", ', '"b", ', '"c", ', '"d", ', '"e"]}'], false),
+    ]);
+    expect(upload.status).toBe(408);
+    expect(JSON.parse(upload.body).error).toEqual({ code: 'KF_REQUEST_TIMEOUT', message: 'the upload sent nothing for 3 s (UPLOAD_IDLE_SECONDS)' });
+    expect(upload.connection).toBe('close');
+    expect(stalled.status).toBe(408);
+    expect(JSON.parse(stalled.body).error).toEqual({ code: 'KF_REQUEST_TIMEOUT', message: 'the request body sent nothing for 3 s (UPLOAD_IDLE_SECONDS)' });
+    expect(stalled.connection).toBe('close');
+    expect(steady.status).toBe(200);
+    expect(JSON.parse(steady.body).results).toHaveLength(5);
     expect(Date.now() - started).toBeLessThan(15_000);
     const prefix = idle.env['KEYFLEET_PREFIX']!;
     const [batchId] = await redis.smembers(`${prefix}:tenant:acme:batches`);
