@@ -82,8 +82,13 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     if (batch.status !== 'completed') {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
     }
+    // The first chunk is read before the answer starts, so that a batch deleted since the check
+    // above is still a 410; one deleted later cuts the download short.
+    const start = startOf(batch, request.query.from);
+    const first = start ? await batches.readResults(batch.id, start.chunk) : null;
+    if (start && !first) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(resultChunks(batches, batch, request.query.from, formatter), { objectMode: false }));
+    return reply.send(Readable.from(start ? resultChunks(batches, batch, start, first!, formatter) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
@@ -157,15 +162,20 @@ async function* hashing(body: AsyncIterable<Buffer>, hash: Hash): AsyncGenerator
   }
 }
 
+/** Where a download from item `from` starts: the chunk, and the lines of it to skip; none past the end. */
+function startOf(batch: BatchRecord, from: number): { chunk: number; skip: number } | undefined {
+  if (from >= batch.total) return undefined;
+  const chunk = batch.chunkItems > 0 ? Math.floor(from / batch.chunkItems) : 0;
+  return { chunk, skip: from - chunk * batch.chunkItems };
+}
+
 /**
- * Result lines chunk by chunk in input order from item `from` on, reading the next chunk while
- * the current one is formatted and sent. Every chunk but the last holds `chunkItems` items.
+ * Result lines chunk by chunk in input order from `start` on (its chunk's results already read),
+ * reading the next chunk while the current one is formatted and sent. Every chunk but the last
+ * holds `chunkItems` items.
  */
-async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: number, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, start: { chunk: number; skip: number }, first: Buffer, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks, chunkItems } = batch;
-  if (from >= batch.total) return;
-  const first = chunkItems > 0 ? Math.floor(from / chunkItems) : 0;
-  let skip = chunkItems > 0 ? from - first * chunkItems : from;
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
   const readAhead = (chunk: number): Promise<Buffer | null> | undefined => {
@@ -174,8 +184,9 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: numb
     read.catch(() => {});
     return read;
   };
-  let next = readAhead(first);
-  for (let chunk = first; chunk < chunks; chunk++) {
+  let next: Promise<Buffer | null> | undefined = Promise.resolve(first);
+  let skip = start.skip;
+  for (let chunk = start.chunk; chunk < chunks; chunk++) {
     const current = await next!;
     next = readAhead(chunk + 1);
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
@@ -183,4 +194,3 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, from: numb
     skip = 0;
   }
 }
-

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../producer/app.js';
+import { RedisKeys } from '../../shared/redis.js';
 import { Client } from '../helpers/client.js';
 import { configFrom, testEnv } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -175,6 +176,15 @@ describe('batches', () => {
     const res = await fetch(`${client.base}/v1/batches/${submitted.body.batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
     expect(res.status).toBe(410);
     expect(((await res.json()) as any).error.code).toBe('KF_BATCH_DELETED');
+
+    // Results gone after the status was read (a DELETE or expiry in between, here the stored
+    // results removed under a completed batch): still a 410 before any line, not a 500.
+    const raced = await client.uploadNdjson('encrypt', 'serials', ['raced-1', 'raced-2']);
+    await client.waitForBatch(raced.body.batchId);
+    await app.services.redis.del(new RedisKeys(env['KEYFLEET_PREFIX']!).batchResult(raced.body.batchId, 0));
+    const gone = await fetch(`${client.base}/v1/batches/${raced.body.batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
+    expect(gone.status).toBe(410);
+    expect(((await gone.json()) as any).error.code).toBe('KF_BATCH_DELETED');
   });
 
   it('takes an upload’s media type in any case, as HTTP has it', async () => {
