@@ -2,9 +2,6 @@ import type { Redis, RedisKeys } from '../shared/redis.js';
 
 type Listener = (event: string) => void;
 
-/** Delivered to every listener when the API shuts down, so open event streams end. */
-export const SHUTDOWN = 'shutdown';
-
 /**
  * Fans batch events (published by the scripts that change a batch) out to SSE streams.
  * One subscriber connection per API process; a channel is subscribed while anyone listens.
@@ -14,6 +11,7 @@ export class BatchEvents {
   readonly #keys: RedisKeys;
   /** Per channel: its listeners, and its SUBSCRIBE, which every listener waits for. */
   readonly #channels = new Map<string, { listeners: Set<Listener>; subscribed: Promise<unknown> }>();
+  readonly #streams = new Set<() => void>();
 
   constructor(subscriber: Redis, keys: RedisKeys) {
     this.#sub = subscriber;
@@ -48,9 +46,18 @@ export class BatchEvents {
     };
   }
 
-  /** Tells every listener the API is going away; their streams end and the server can close. */
+  /**
+   * Has `end` called at shutdown: every stream, also one whose SUBSCRIBE is still pending or was
+   * refused (it follows its batch by polling). The returned function forgets it.
+   */
+  onShutdown(end: () => void): () => void {
+    this.#streams.add(end);
+    return () => void this.#streams.delete(end);
+  }
+
+  /** Tells every stream the API is going away; they end, and the server can close. */
   shutdown(): void {
-    for (const { listeners } of [...this.#channels.values()]) for (const listener of [...listeners]) listener(SHUTDOWN);
+    for (const end of [...this.#streams]) end();
   }
 
   async close(): Promise<void> {

@@ -1,7 +1,6 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { publicStatus } from '../shared/batch-store.js';
 import { TERMINAL_STATUSES } from '../shared/schemas.js';
-import { SHUTDOWN } from './batch-events.js';
 
 const POLL_MS = 2_000;
 const HEARTBEAT_MS = 15_000;
@@ -34,8 +33,10 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
     ended = true;
     for (const t of timers) clearInterval(t);
     unsubscribe();
+    forgetAtShutdown();
     res.end();
   };
+  const forgetAtShutdown = events.onShutdown(end);
 
   const send = async (): Promise<void> => {
     if (busy) {
@@ -69,7 +70,7 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
   // The poll starts at once and does not wait for the SUBSCRIBE: a Redis that does not answer it
   // must not hold the stream (the poll's own read fails, and the stream ends); one that refuses
   // it leaves the stream on the poll alone.
-  events.subscribe(batchId, (event) => (event === SHUTDOWN ? end() : void send())).then(
+  events.subscribe(batchId, () => void send()).then(
     (stop) => (ended ? stop() : (unsubscribe = stop)),
     (err: Error) => request.log.warn({ err: { message: err.message }, batchId }, 'event stream on polling alone: subscribe failed'),
   );

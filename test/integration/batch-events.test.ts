@@ -33,7 +33,7 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
     }
   });
 
-  it('an SSE stream whose SUBSCRIBE Redis refuses follows the batch to its end by polling', async () => {
+  it('an SSE stream whose SUBSCRIBE Redis refuses follows the batch to its end by polling, and ends at shutdown', async () => {
     // The API's Redis user may do everything but subscribe.
     const user = `kft-nosub-${randomBytes(4).toString('hex')}`;
     const password = randomBytes(16).toString('hex');
@@ -64,6 +64,20 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
       expect(JSON.parse(events[0]!.split('data: ')[1]!)).toMatchObject({ status: 'queued', processed: 0 });
       expect(events.at(-1)).toMatch(/^event: done\n/);
       expect(JSON.parse(events.at(-1)!.split('data: ')[1]!)).toMatchObject({ status: 'completed', processed: 2_000 });
+
+      // Shutdown ends such a stream too, though no SUBSCRIBE carries it: with the worker gone
+      // this batch never ends, and the stream would hold the server's close for ever.
+      await worker.stop();
+      worker = undefined;
+      const stuck = await client.uploadNdjson('encrypt', 'serials', ['never-run']);
+      const open = await fetch(`${client.base}/v1/batches/${stuck.body.batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` }, signal: AbortSignal.timeout(40_000) });
+      const reader = open.body!.getReader();
+      expect(new TextDecoder().decode((await reader.read()).value)).toMatch(/^event: progress\n/);
+      const closed = app.close().then(() => 'closed');
+      const late = new Promise((resolve) => setTimeout(resolve, 10_000, 'still open after 10 s'));
+      expect(await Promise.race([closed, late])).toBe('closed');
+      app = undefined;
+      while (!(await reader.read()).done); // the stream ended
     } finally {
       await worker?.stop();
       await app?.close();
