@@ -7,7 +7,7 @@ import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
-import { boundBodyPauses } from './body-timeout.js';
+import { bodyPauseLimit } from './body-timeout.js';
 import { clientErrorHandler } from './client-errors.js';
 import { lazyRequestLoggers } from './request-logger.js';
 import { adminRoutes } from './plugins/admin.js';
@@ -77,11 +77,11 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.setSerializerCompiler(serializerCompiler);
   // The API takes JSON bodies (and, for uploads, NDJSON: routes/batches.ts); text/plain is a 415.
   app.removeContentTypeParser('text/plain');
+  app.addHook('preParsing', bodyPauseLimit(config.uploadIdleSeconds));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
   // schema; the others get this check when they are registered (not a hook on every request).
   app.addHook('onRoute', (route) => {
-    boundBodyPauses(route, config.uploadIdleSeconds);
     if (!route.url.startsWith('/v1/') || route.schema?.querystring) return;
     route.preValidation = [...[route.preValidation ?? []].flat(), refuseQuery];
   });

@@ -12,6 +12,7 @@ export class BatchEvents {
   /** Per channel: its listeners, and its SUBSCRIBE, which every listener waits for. */
   readonly #channels = new Map<string, { listeners: Set<Listener>; subscribed: Promise<unknown> }>();
   readonly #streams = new Set<() => void>();
+  #shutDown = false;
 
   constructor(subscriber: Redis, keys: RedisKeys) {
     this.#sub = subscriber;
@@ -51,12 +52,15 @@ export class BatchEvents {
    * refused (it follows its batch by polling). The returned function forgets it.
    */
   onShutdown(end: () => void): () => void {
-    this.#streams.add(end);
+    // A stream that was on its way in as the shutdown began ends as soon as it has started.
+    if (this.#shutDown) queueMicrotask(end);
+    else this.#streams.add(end);
     return () => void this.#streams.delete(end);
   }
 
   /** Tells every stream the API is going away; they end, and the server can close. */
   shutdown(): void {
+    this.#shutDown = true;
     for (const end of [...this.#streams]) end();
   }
 

@@ -33,6 +33,21 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
     }
   });
 
+  it('ends a stream that registers after the shutdown began, once it has started', async () => {
+    const events = new BatchEvents(new Redis(env['REDIS_URL']!, { lazyConnect: true }), keys);
+    const ended: string[] = [];
+    const forgetEarly = events.onShutdown(() => ended.push('early'));
+    events.onShutdown(() => ended.push('forgotten'))();
+    events.shutdown();
+    expect(ended).toEqual(['early']);
+    forgetEarly();
+    events.onShutdown(() => ended.push('late'));
+    expect(ended).toEqual(['early']); // not inside onShutdown: its caller is still setting up
+    await Promise.resolve();
+    expect(ended).toEqual(['early', 'late']);
+    await events.close();
+  });
+
   it('an SSE stream whose SUBSCRIBE Redis refuses follows the batch to its end by polling, and ends at shutdown', async () => {
     // The API's Redis user may do everything but subscribe.
     const user = `kft-nosub-${randomBytes(4).toString('hex')}`;

@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import { createHash, randomBytes } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
+import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyStore, pendingMs } from '../../producer/idempotency.js';
@@ -125,13 +126,35 @@ describe('limits', () => {
         req.write(pieces[0]);
         req.on('close', () => timers.forEach(clearTimeout));
       });
+    // A request answered without its body (DELETE takes none): the body, stalled, only holds
+    // the connection, which closes. Resolves with the answer's status and when the socket closed.
+    const toDelete = (await call(idleApp, idle.admin, 'POST', '/v1/encrypt/serials', { items: ['x'], mode: 'async' })).json().batchId;
+    const answeredThenHeld = () =>
+      new Promise<{ status: number; closedAfterMs: number }>((resolve, reject) => {
+        const opened = Date.now();
+        let received = '';
+        const socket = connect(Number(new URL(address).port), '127.0.0.1', () =>
+          socket.write(`DELETE /v1/batches/${toDelete} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${idle.admin.token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a": `),
+        );
+        socket.setEncoding('utf8').on('data', (d) => (received += d));
+        socket.on('error', reject).on('close', () => resolve({ status: Number(/^HTTP\/1\.1 (\d+)/.exec(received)?.[1]), closedAfterMs: Date.now() - opened }));
+        setTimeout(() => socket.destroy(), 20_000).unref();
+      });
     const started = Date.now();
-    const [upload, stalled, steady] = await Promise.all([
+    const [upload, stalled, steady, unrouted, held] = await Promise.all([
       send('/v1/batches?op=encrypt&key=serials', 'application/x-ndjson', ['"a"\n"b"\n"c', '"\n'], true),
       send('/v1/encrypt/serials', 'application/json', ['{"items": ["a", ', '"b"]}'], true),
       // Five seconds in all, never three without a byte.
       send('/v1/encrypt/serials', 'application/json', ['{"items": [', '"a", ', '"b", ', '"c", ', '"d", ', '"e"]}'], false),
+      // fastify reads the body of a request no route takes, too.
+      send('/v1/no-such-route', 'application/json', ['{"items": ["a", ', '"b"]}'], true),
+      answeredThenHeld(),
     ]);
+    expect(unrouted.status).toBe(408);
+    expect(unrouted.connection).toBe('close');
+    expect(held.status).toBe(200);
+    expect(held.closedAfterMs).toBeGreaterThanOrEqual(2_900);
+    expect(held.closedAfterMs).toBeLessThan(15_000);
     expect(upload.status).toBe(408);
     expect(JSON.parse(upload.body).error).toEqual({ code: 'KF_REQUEST_TIMEOUT', message: 'the upload sent nothing for 3 s (UPLOAD_IDLE_SECONDS)' });
     expect(upload.connection).toBe('close');
@@ -142,7 +165,7 @@ describe('limits', () => {
     expect(JSON.parse(steady.body).results).toHaveLength(5);
     expect(Date.now() - started).toBeLessThan(15_000);
     const prefix = idle.env['KEYFLEET_PREFIX']!;
-    const [batchId] = await redis.smembers(`${prefix}:tenant:acme:batches`);
+    const [batchId] = (await redis.smembers(`${prefix}:tenant:acme:batches`)).filter((id) => id !== toDelete);
     const status = await call(idleApp, idle.admin, 'GET', `/v1/batches/${batchId}`);
     expect(status.json()).toMatchObject({ status: 'failed', error: { code: 'KF_REQUEST_TIMEOUT' } });
   });

@@ -78,6 +78,10 @@ describe('key types, context and convergent keys', () => {
     const none = await call(app, admin, 'POST', '/v1/encrypt/serial-index', { items: ['SN-1'] });
     expect(none.statusCode).toBe(400);
     expect(none.json().error.code).toBe('KF_CONTEXT_REQUIRED');
+    // An unreadable item needs no context: it fails alone, and the others are sealed.
+    const mixed = await results(app, admin, 'encrypt', 'serial-index', { items: [{ plaintext: 'SN-1', context: 'serials' }, 5] });
+    expect(mixed[0]!.ciphertext).toBe(one[0]!.ciphertext);
+    expect(mixed[1]!.error!.code).toBe('KF_INVALID_ITEM');
     const noBatchContext = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=serial-index', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: '"SN-1"\n' });
     expect(noBatchContext.json().error.code).toBe('KF_CONTEXT_REQUIRED');
     // Decrypt and rewrap need it too, on the sync path and for batches: refused up front, not

@@ -85,7 +85,7 @@ describe('sync encrypt and decrypt', () => {
   });
 
   it('fails an item that is not a string or an item object alone, as a bad line of an upload fails', async () => {
-    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, an item object)' } };
+    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, a valid item object)' } };
     const items = ['first', 42, null, { plaintext: 5 }, { plaintext: 'x', extra: 1 }, { plaintext: 'y', context: '' }, ['nested'], 'last', { plaintext: 'own' }];
     const sealed = (await post('/v1/encrypt/licences', { items })).json().results;
     expect(sealed.slice(1, 7)).toEqual(Array(6).fill(invalid));
