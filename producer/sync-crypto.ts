@@ -10,7 +10,7 @@ import type { BatchOp } from '../shared/schemas.js';
 
 export interface SyncRequest {
   readonly op: BatchOp;
-  /** null: an item that is not a string (or an item object); it fails alone as KF_INVALID_ITEM. */
+  /** null: an item that is neither a string nor a valid item object; it fails alone as KF_INVALID_ITEM. */
   readonly items: ReadonlyArray<string | null>;
   readonly encoding: Encoding;
   readonly maxItemBytes: number;

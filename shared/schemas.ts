@@ -65,7 +65,6 @@ const cryptoItem = z.union([
   z.object({ plaintext: z.string(), context: context.optional() }).strict(),
   z.object({ ciphertext: z.string(), context: context.optional() }).strict(),
 ]);
-export type CryptoItem = z.infer<typeof cryptoItem>;
 /**
  * An item as the sync routes read it: one that is neither (a number, a misspelt field, an
  * overlong context) becomes null and fails alone as KF_INVALID_ITEM, as a bad line of an upload
