@@ -55,7 +55,7 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
     const size = (await stat(input)).size;
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
     const started = Date.now();
-    const accepted = await client.createBatchFromNdjson(
+    const accepted = await stoppedAfter(upload, client.createBatchFromNdjson(
       {
         op, key,
         ...(options.encoding ? { encoding: options.encoding } : {}),
@@ -65,8 +65,7 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
         ...(options.targetKey ? { targetKey: options.targetKey } : {}),
       },
       () => ndjsonPieces(input, options.ndjson, lines, (read) => upload.update(read, size, started)),
-    );
-    upload.stop();
+    ));
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
@@ -75,8 +74,10 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
-  const final = await client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)));
-  progress.stop();
+  const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt))));
+  if (final.op !== op || final.key !== key) {
+    throw new Error(`batch ${batchId} is ${final.op} under key ${final.key}, not ${op} under key ${key}`);
+  }
   if (final.status !== 'completed') {
     const reason = final.error ? `: ${final.error.code} ${final.error.message}` : '';
     throw new Error(`batch ${batchId} ended ${final.status}${reason}`);
@@ -85,6 +86,15 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   const written = await download(client, batchId, options, lines);
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
   return { batchId, total: final.total, succeeded: final.succeeded, failed: final.failed, status: final.status };
+}
+
+/** `work`, with `bar` stopped when it settles either way: a bar left running holds the process open. */
+async function stoppedAfter<T>(bar: Progress, work: Promise<T>): Promise<T> {
+  try {
+    return await work;
+  } finally {
+    bar.stop();
+  }
 }
 
 /** The input as NDJSON pieces of about 256 KB; plain lines become JSON strings. */

@@ -6,6 +6,7 @@ import { projectVersion } from '../shared/project-root.js';
 import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
 import type { BatchOp } from '../shared/schemas.js';
 import { runBulk } from './bulk.js';
+import { Progress } from './progress.js';
 import { KeyfleetApiError, KeyfleetClient } from './client.js';
 
 /** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
@@ -56,6 +57,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       // Ctrl-C during the upload leaves nothing to resume: the service fails a cut-short upload.
       let batchId = opts.resume;
       process.once('SIGINT', () => {
+        Progress.stopAll();
         log(batchId ? `\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume ${batchId})` : '\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
         process.exit(EXIT.interrupted);
       });

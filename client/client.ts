@@ -258,6 +258,10 @@ export class KeyfleetClient {
       if (extra.stream) {
         init.body = toStream(extra.stream(), (err) => (sourceError = err));
         init.duplex = 'half'; // a streamed request body (undici)
+        // A request that may follow a redirect keeps a copy of its body to send again: undici
+        // tees the stream, and the unread branch held the whole upload in memory. The API
+        // never redirects.
+        init.redirect = 'error';
       }
       try {
         return await fetch(this.url + path, init);

@@ -36,7 +36,10 @@ export class Progress {
     const rate = done / seconds;
     const payload = { done: this.#format(done), all: this.#format(total), rate: this.#format(rate) };
     if (this.#bar) {
-      if (total !== this.#total) this.#bar.start(total, done, payload);
+      if (total !== this.#total) {
+        this.#bar.start(total, done, payload);
+        running.add(this);
+      }
       this.#total = total;
       this.#bar.update(done, payload);
       return;
@@ -53,5 +56,13 @@ export class Progress {
 
   stop(): void {
     this.#bar?.stop();
+    running.delete(this);
+  }
+
+  /** Stops every bar (each gives the terminal its cursor back): before the CLI exits on a signal. */
+  static stopAll(): void {
+    for (const bar of [...running]) bar.stop();
   }
 }
+
+const running = new Set<Progress>();

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -191,6 +191,15 @@ describe('the keyfleet CLI', () => {
     // And those ciphertexts decrypt back to the source.
     await keyfleet(['decrypt', '--key', 'serials', '--in', 'again.enc', '--out', 'again.dec']);
     expect(readFileSync(path('again.dec')).equals(full)).toBe(true);
+  });
+
+  it('refuses to resume a batch of another operation or key, writing nothing', async () => {
+    const submitted = await keyfleet(['encrypt', '--key', 'serials', '--in', 'mixed.dec', '--out', 'op.enc']);
+    const batchId = /batch (\S+) accepted/.exec(submitted.stderr)![1]!;
+    const asDecrypt = await keyfleet(['decrypt', '--key', 'serials', '--resume', batchId, '--out', 'op.dec']);
+    expect(asDecrypt.code).toBe(1);
+    expect(asDecrypt.stderr).toContain(`batch ${batchId} is encrypt under key serials, not decrypt under key serials`);
+    expect(existsSync(path('op.dec'))).toBe(false);
   });
 
   it('manages keys and batches: keys show/rotate, batch status/results/cancel', async () => {
