@@ -6,7 +6,8 @@ import { buildApp } from './app.js';
 /**
  * A drain not over by then is cut short (exit 1): requests in flight (a long upload or download)
  * have until then, and a close that waits on an unreachable Redis would otherwise wait for ever.
- * Below the 30 s grace period of deploy/k8s/api.yaml.
+ * Within the grace period of deploy/k8s/api.yaml (40 s, of which its preStop sleep takes 5) and
+ * the compose file's stop_grace_period (30 s).
  */
 const SHUTDOWN_DEADLINE_MS = 25_000;
 
