@@ -88,11 +88,11 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
     expect(config['scrape_configs'][1].dns_sd_configs).toEqual([expect.objectContaining({ names: ['worker'], type: 'A', port: 9464 })]);
   });
 
-  it('accepts dashboards/alerts.yml, which defines the six keyfleet alerts with summaries and descriptions', () => {
+  it('accepts dashboards/alerts.yml, which defines the seven keyfleet alerts with summaries and descriptions', () => {
     const run = promtool(['check', 'rules', alertsFile]);
     expect(run.status, run.output).toBe(0);
     const rules = alertRules();
-    expect(rules.map((r) => r['alert']).sort()).toEqual(['KeyfleetApiDown', 'KeyfleetBacklogGrowing', 'KeyfleetChunksFailing', 'KeyfleetHighErrorRate', 'KeyfleetNoWorkerAlive', 'KeyfleetRedisUnreachable']);
+    expect(rules.map((r) => r['alert']).sort()).toEqual(['KeyfleetApiDown', 'KeyfleetBacklogGrowing', 'KeyfleetChunksFailing', 'KeyfleetHighErrorRate', 'KeyfleetNoWorkerAlive', 'KeyfleetNonceBudgetNearlySpent', 'KeyfleetRedisUnreachable']);
     for (const r of rules) {
       expect(r['annotations']?.summary, r['alert']).toBeTruthy();
       expect(r['annotations']?.description, r['alert']).toMatch(/Runbook:/);
@@ -157,6 +157,10 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
         test('a draining backlog does not grow', {
           [`keyfleet_queue_backlog_items{${api}}`]: '40000-1000x40',
         }, [firing('KeyfleetBacklogGrowing', '30m', 0)]),
+        test('a key version past 90% of its nonce budget, and one rotated at half of it', {
+          [`keyfleet_nonce_budget_max_used_ratio{${api}}`]: '0.5+0.05x10 1x10',
+          [`keyfleet_nonce_budget_max_used_ratio{${worker}}`]: '0.5x20',
+        }, [firing('KeyfleetNonceBudgetNearlySpent', '8m', 0), firing('KeyfleetNonceBudgetNearlySpent', '15m', 1)]),
         test('one item in six failing', {
           [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="success"}`]: '0+600x20',
           [`keyfleet_items_processed_total{${worker},op="decrypt",key_type="aes256-gcm",path="batch",outcome="failure"}`]: '0+120x20',
