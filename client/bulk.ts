@@ -64,13 +64,13 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
         ...(options.context !== undefined ? { context: options.context } : {}),
         ...(options.targetKey ? { targetKey: options.targetKey } : {}),
       },
-      () => ndjsonPieces(input, options.ndjson, lines, (read) => upload.update(read, size, started)),
+      () => ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started)),
     ));
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
   } else if (options.in && options.ndjson) {
-    for await (const _ of ndjsonPieces(options.in, true, lines));
+    for await (const _ of ndjsonPieces(options.in, true, op !== 'encrypt', lines));
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
@@ -97,13 +97,22 @@ async function stoppedAfter<T>(bar: Progress, work: Promise<T>): Promise<T> {
   }
 }
 
-/** The input as NDJSON pieces of about 256 KB; plain lines become JSON strings. */
-async function* ndjsonPieces(path: string, ndjson: boolean, lines: LineMap, onBytes?: (read: number) => void): AsyncGenerator<string> {
+/**
+ * The input as NDJSON pieces of about 256 KB; plain lines become JSON strings. Ciphertext lines
+ * (decrypt, rewrap) lose a trailing `\r` and the file's byte order mark, which no ciphertext
+ * holds: a file saved with Windows line ends decrypts as it is. Plaintext lines are kept whole.
+ */
+async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean, lines: LineMap, onBytes?: (read: number) => void): AsyncGenerator<string> {
   lines.reset();
   let piece = '';
   let lineNo = 0;
-  for await (const line of readLines(path, onBytes)) {
+  for await (const read of readLines(path, onBytes)) {
     lineNo++;
+    let line = read;
+    if (ciphertexts && !ndjson) {
+      if (lineNo === 1 && line.startsWith('\ufeff')) line = line.slice(1);
+      if (line.endsWith('\r')) line = line.slice(0, -1);
+    }
     if (ndjson) {
       if (line.trim() === '') continue; // the API skips blank NDJSON lines: no item
       piece += line + '\n';

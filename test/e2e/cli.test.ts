@@ -166,6 +166,14 @@ describe('the keyfleet CLI', () => {
     expect(out.slice(0, 5)).toEqual(['SN-0000001-0 ünïcode ✓', '', 'SN-0000002-17wdrqp', '', 'SN-0000003-grnhia']);
   });
 
+  it('decrypts a ciphertext file saved with Windows line ends and a byte order mark', async () => {
+    const good = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 3);
+    writeFileSync(path('windows.enc'), '\ufeff' + good.join('\r\n') + '\r\n');
+    const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'windows.enc', '--out', 'windows.dec']);
+    expect(code, stderr).toBe(0);
+    expect(readFileSync(path('windows.dec'), 'utf8')).toBe('SN-0000001-0 ünïcode ✓\nSN-0000002-17wdrqp\nSN-0000003-grnhia\n');
+  });
+
   it('resumes an interrupted download where the output file ends, even mid-line', async () => {
     const full = readFileSync(path('serials.dec'));
     const submitted = await keyfleet(['encrypt', '--key', 'serials', '--in', 'serials.dec', '--out', 'again.enc']);
