@@ -217,7 +217,10 @@ describe('the keyfleet CLI', () => {
     writeFileSync(path('three.txt'), 'a\nb\nc\n');
     const run = await keyfleet(['encrypt', '--key', 'serials', '--in', 'three.txt', '--out', 'three.enc']);
     const batchId = /batch (\S+) accepted/.exec(run.stderr)![1]!;
-    expect(JSON.parse((await keyfleet(['batch', 'status', batchId])).stdout)).toMatchObject({ id: batchId, status: 'completed', total: 3 });
+    expect(run.code, run.stderr).toBe(0);
+    const status = await keyfleet(['batch', 'status', batchId]);
+    expect(status.code, status.stderr).toBe(0);
+    expect(JSON.parse(status.stdout)).toMatchObject({ id: batchId, status: 'completed', total: 3 });
     const results = (await keyfleet(['batch', 'results', batchId, '--from', '1'])).stdout.trim().split('\n').map((l) => JSON.parse(l));
     expect(results.map((r) => r.i)).toEqual([1, 2]);
     expect(results[0].ciphertext).toMatch(/^kf:v2:/);
