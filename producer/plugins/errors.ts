@@ -60,9 +60,9 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     }
     const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' ? 5 : undefined);
     if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
-    // Answered before its body was read to the end (an upload that failed early or went quiet,
-    // a body over the limit): nobody reads the rest, so the connection closes after the answer. Kept open, it
-    // stayed with the unread bytes in its buffers, and held up the API's shutdown to its deadline.
+    // Answered before its body was read to the end (an upload that failed early, a body that went
+    // quiet or over the limit): nobody reads the rest, so the connection closes after the answer.
+    // Kept open, it stayed with the unread bytes in its buffers, and held up the API's shutdown.
     if (!request.raw.complete) reply.header('connection', 'close');
     return reply.status(error.status).send({ error: error.toBody() });
   });
