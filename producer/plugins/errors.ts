@@ -3,6 +3,7 @@ import fp from 'fastify-plugin';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
 import { KeyfleetError, type ErrorCode } from '../../shared/errors.js';
 import type { ConnectionErrorLog } from '../../shared/redis.js';
+import { closeAfterAnswer } from '../lingering-close.js';
 
 /** Fastify's own client errors, mapped onto the catalogue. */
 const FASTIFY_CODES: Record<string, ErrorCode> = {
@@ -61,9 +62,13 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' ? 5 : undefined);
     if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
     // Answered before its body was read to the end (an upload that failed early, a body that went
-    // quiet or over the limit): nobody reads the rest, so the connection closes after the answer.
+    // quiet or over the limit): nobody reads the rest, so the connection closes after the answer,
+    // in stages, so that a client still sending reads the answer before the close.
     // Kept open, it stayed with the unread bytes in its buffers, and held up the API's shutdown.
-    if (!request.raw.complete) reply.header('connection', 'close');
+    if (!request.raw.complete) {
+      reply.header('connection', 'close');
+      closeAfterAnswer(request.raw.socket);
+    }
     return reply.status(error.status).send({ error: error.toBody() });
   });
 

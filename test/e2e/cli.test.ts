@@ -263,6 +263,21 @@ describe('the typed client', () => {
     expect(error).toMatchObject({ status: 404, code: 'KF_KEY_NOT_FOUND' });
   });
 
+  it('gets the answer to a large upload refused before its body is read, not a broken pipe', async () => {
+    // The API answers 404 at once and stops reading; the client is still sending megabytes. Closed
+    // right after the answer, the connection was reset under the client's writes, and fetch
+    // failed with EPIPE (6 of 6 at 16 MB before the API closed in stages).
+    const client = new KeyfleetClient({ url, token: admin.token });
+    const piece = `${JSON.stringify('LIC-0000-0000-0000-0000-0000-0000')}\n`.repeat(7_000); // 252 KB
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const refused = await client.createBatchFromNdjson({ op: 'encrypt', key: 'no-such-key' }, function* () {
+        for (let n = 0; n < 64; n++) yield piece;
+      }).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(KeyfleetApiError);
+      expect(refused).toMatchObject({ status: 404, code: 'KF_KEY_NOT_FOUND' });
+    }
+  });
+
   it('fails to connect with a KeyfleetConnectionError that names the URL, without retrying; a failing upload source gives its own error', async () => {
     let connections = 0;
     const sockets = new Set<Socket>();
