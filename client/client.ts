@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { z } from 'zod';
 import {
   batchAccepted,
@@ -14,7 +15,7 @@ import {
   type ResultLine,
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
-import { withRetries, type RetryOptions } from './retry.js';
+import { retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
 
 export interface ClientOptions {
@@ -194,13 +195,34 @@ export class KeyfleetClient {
     }
   }
 
-  /** Waits for the batch's final status (completed, failed or cancelled). */
-  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void): Promise<BatchStatusBody> {
-    for await (const status of this.events(id)) {
-      onProgress?.(status);
-      if (status.final) return status;
+  /**
+   * Waits for the batch's final status (completed, failed or cancelled). A stream that breaks
+   * or ends early (an API restarting, a proxy's time limit) is opened again, after a backoff;
+   * `reconnects` streams in a row that neither brought progress nor lasted a minute end the
+   * wait. So does an answer of the API (a 404, a 401).
+   */
+  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void, { reconnects = 8 }: { reconnects?: number } = {}): Promise<BatchStatusBody> {
+    let processed = -1;
+    for (let failures = 0; ; ) {
+      let reason: string;
+      const opened = Date.now();
+      let advanced = false;
+      try {
+        for await (const status of this.events(id)) {
+          if (status.processed > processed) advanced = true;
+          processed = Math.max(processed, status.processed);
+          onProgress?.(status);
+          if (status.final) return status;
+        }
+        reason = 'the event stream ended without a final status';
+      } catch (err) {
+        if (!isStreamBreak(err)) throw err;
+        reason = `the event stream broke (${err instanceof KeyfleetConnectionError ? err.message : failureReason(err.cause as Error)})`;
+      }
+      if (advanced || Date.now() - opened >= 60_000) failures = 0;
+      if (++failures > reconnects) throw new Error(`batch ${id}: ${reason}, ${reconnects} reconnections in a row failed`);
+      await sleep(retryDelayMs(failures, null, { baseDelayMs: 500, maxDelayMs: 10_000, ...this.#retry }));
     }
-    throw new Error(`batch ${id}: the event stream ended without a final status`);
   }
 
   /** The result lines as the API sends them (NDJSON, input order), from item `from` on. */
@@ -297,6 +319,16 @@ function fetchError(err: unknown, url: string, sourceError?: unknown): unknown {
   if (!(err instanceof TypeError) || !(err.cause instanceof Error)) return err;
   if (err.cause === sourceError) return sourceError;
   return new KeyfleetConnectionError(url, err.cause);
+}
+
+/**
+ * A break of a response already under way, or of the connection before it: not an answer of
+ * the API. undici reports a body cut short as `TypeError('terminated')` with the socket's
+ * error as its cause; an answer (KeyfleetApiError) or an abort is not a break.
+ */
+function isStreamBreak(err: unknown): err is Error {
+  if (err instanceof KeyfleetConnectionError) return true;
+  return err instanceof TypeError && err.cause instanceof Error;
 }
 
 /** ECONNREFUSED, ENOTFOUND and the like; undici's own codes say less than its messages ("other side closed"). */

@@ -278,6 +278,44 @@ describe('the typed client', () => {
     }
   });
 
+  it('waits for a batch across broken and ended event streams, and stops at an answer', async () => {
+    // A stand-in API: the first stream breaks after one event, the second ends cleanly without
+    // the final one, the third gives it. Another batch is not found.
+    const status = (processed: number, state: string) => JSON.stringify({ id: 'b1', op: 'encrypt', key: 'k', status: state, total: 10, processed, succeeded: processed, failed: 0, createdAt: new Date().toISOString() });
+    let streams = 0;
+    let neverDone = false;
+    const server: Server = createServer((req, res) => {
+      if (!req.url!.startsWith('/v1/batches/b1/')) {
+        res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'KF_BATCH_NOT_FOUND', message: 'no such batch' } }));
+        return;
+      }
+      streams++;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      if (neverDone) res.end(`event: status\ndata: ${status(9, 'running')}\n\n`);
+      else if (streams === 1) res.write(`event: status\ndata: ${status(3, 'running')}\n\n`, () => res.destroy());
+      else if (streams === 2) res.end(`event: status\ndata: ${status(6, 'running')}\n\n`);
+      else res.end(`event: status\ndata: ${status(8, 'running')}\n\nevent: done\ndata: ${status(10, 'completed')}\n\n`);
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    try {
+      const client = new KeyfleetClient({ url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, token: 't', retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+      const seen: number[] = [];
+      const final = await client.waitForBatch('b1', (s) => seen.push(s.processed));
+      expect(final).toMatchObject({ status: 'completed', processed: 10 });
+      expect(seen).toEqual([3, 6, 8, 10]);
+      expect(streams).toBe(3);
+      await expect(client.waitForBatch('b2')).rejects.toMatchObject({ status: 404, code: 'KF_BATCH_NOT_FOUND' });
+      // A stream that keeps ending without news is given up after `reconnects` tries in a row.
+      neverDone = true;
+      streams = 0;
+      await expect(client.waitForBatch('b1', undefined, { reconnects: 2 })).rejects.toThrow('batch b1: the event stream ended without a final status, 2 reconnections in a row failed');
+      expect(streams).toBe(3);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((ok) => server.close(ok));
+    }
+  });
+
   it('fails to connect with a KeyfleetConnectionError that names the URL, without retrying; a failing upload source gives its own error', async () => {
     let connections = 0;
     const sockets = new Set<Socket>();
