@@ -1,5 +1,5 @@
 import { createWriteStream, type WriteStream } from 'node:fs';
-import { stat } from 'node:fs/promises';
+import { open, rm, stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
@@ -46,13 +46,29 @@ const DOWNLOAD_ATTEMPTS = 6;
  * ends; `resume` picks a batch up again after the CLI itself was interrupted.
  */
 export async function runBulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkOutcome> {
+  if (!options.resume && !options.in) throw new Error('--in FILE is required (or --resume BATCH_ID)');
+  // Opened first, without truncating it (it may be the input): a path that cannot be written
+  // fails now, not after the whole batch has run. A file made here goes again if the run fails
+  // before writing to it (what a failed download wrote stays, for --resume).
+  const existed = await stat(options.out).then(() => true, () => false);
+  await (await open(options.out, 'a')).close();
+  try {
+    return await bulk(client, options);
+  } catch (err) {
+    if (!existed && (await stat(options.out).then((s) => s.size === 0, () => false))) await rm(options.out, { force: true });
+    throw err;
+  }
+}
+
+async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkOutcome> {
   const { op, key, log } = options;
   const lines = new LineMap();
   let batchId = options.resume;
   if (!batchId) {
-    if (!options.in) throw new Error('--in FILE is required (or --resume BATCH_ID)');
-    const input = options.in;
-    const size = (await stat(input)).size;
+    const input = options.in!;
+    const file = await stat(input);
+    const size = file.size;
+    let uploads = 0;
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
     const started = Date.now();
     const accepted = await stoppedAfter(upload, client.createBatchFromNdjson(
@@ -64,7 +80,11 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
         ...(options.context !== undefined ? { context: options.context } : {}),
         ...(options.targetKey ? { targetKey: options.targetKey } : {}),
       },
-      () => ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started)),
+      () => {
+        // The service asked for the upload again (429, 503): a pipe cannot be read twice.
+        if (uploads++ > 0 && !file.isFile()) throw new Error(`the upload must be sent again, and ${input} is not a file that can be read twice: save the input to a file and run again`);
+        return ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started));
+      },
     ));
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
@@ -128,10 +148,14 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
   if (piece) yield piece;
 }
 
-/** Writes the results to `out` from where it ends, retrying a broken download from there. */
+/**
+ * Writes the results to `out` from where it ends, retrying a broken download from there. A
+ * failed item is reported once, however often its part is read.
+ */
 async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<number> {
   let written = options.resume ? await resumePoint(options.out) : 0;
   let errorsShown = 0;
+  let reportFrom = 0; // items before this one had their error reported by an earlier attempt
   const out = createWriteStream(options.out, { flags: written > 0 ? 'a' : 'w' });
   try {
     for (let attempt = 1; ; attempt++) {
@@ -142,7 +166,9 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
         for await (const line of client.resultLines(batchId, { from: written })) {
           const { value, error } = resultValue(line);
           if (error) {
-            if (errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(written + pending)}: ${error.code} ${error.message}`);
+            const item = written + pending;
+            if (item >= reportFrom && errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(item)}: ${error.code} ${error.message}`);
+            reportFrom = Math.max(reportFrom, item + 1);
             buffer += options.ndjson ? 'null\n' : '\n';
           } else {
             buffer += (options.ndjson ? JSON.stringify(value) : value) + '\n';

@@ -57,13 +57,20 @@ export async function resumePoint(path: string): Promise<number> {
  * skip blank lines (the API does too), so their numbers are recorded as they are read.
  */
 export class LineMap {
-  #lines = new Uint32Array(1024);
+  /** Allocated only once an item is off its line number: a plain file costs nothing. */
+  #lines: Uint32Array | undefined;
   #count = 0;
-  #shifted = false;
 
   /** Records that the next item is on `line` (1-based). */
   push(line: number): void {
-    if (line !== this.#count + 1) this.#shifted = true;
+    if (!this.#lines) {
+      if (line === this.#count + 1) {
+        this.#count++;
+        return;
+      }
+      this.#lines = new Uint32Array(Math.max(1024, 2 * this.#count));
+      for (let i = 0; i < this.#count; i++) this.#lines[i] = i + 1;
+    }
     if (this.#count === this.#lines.length) {
       const grown = new Uint32Array(this.#lines.length * 2);
       grown.set(this.#lines);
@@ -73,12 +80,12 @@ export class LineMap {
   }
 
   reset(): void {
+    this.#lines = undefined;
     this.#count = 0;
-    this.#shifted = false;
   }
 
   /** The 1-based line of item `index` (0-based). */
   lineOf(index: number): number {
-    return this.#shifted && index < this.#count ? this.#lines[index]! : index + 1;
+    return this.#lines && index < this.#count ? this.#lines[index]! : index + 1;
   }
 }

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
-import { createServer as createTcpServer, type Socket } from 'node:net';
+import { connect, createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -164,6 +164,63 @@ describe('the keyfleet CLI', () => {
     expect(stderr).toContain('3 of 5 items decrypted');
     const out = readFileSync(path('mixed.dec'), 'utf8').split('\n');
     expect(out.slice(0, 5)).toEqual(['SN-0000001-0 ünïcode ✓', '', 'SN-0000002-17wdrqp', '', 'SN-0000003-grnhia']);
+  });
+
+  it('resumes a download cut mid-way and reports each failed item once', async () => {
+    // 20,000 ciphertexts, every 1,000th replaced by one that fails.
+    const lines = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 20_000);
+    const failing = lines.map((_, i) => i + 1).filter((line) => line % 1_000 === 0);
+    for (const line of failing) lines[line - 1] = 'kf:v1:AAAA';
+    writeFileSync(path('cut.enc'), lines.join('\n') + '\n');
+    // A proxy to the API that cuts the first results download after 300 KB of its answer
+    // (about 7,000 of the 20,000 lines: past the CLI's first write of 4,096).
+    let cuts = 0;
+    const sockets = new Set<Socket>();
+    const proxy = createTcpServer((client) => {
+      const upstream = connect(Number(new URL(url).port), '127.0.0.1');
+      for (const socket of [client, upstream]) sockets.add(socket.once('close', () => sockets.delete(socket)));
+      let cutting = false;
+      let answered = 0;
+      client.on('data', (d: Buffer) => {
+        if (cuts === 0 && /^GET \/v1\/batches\/[^/]+\/results/.test(d.toString('latin1'))) cutting = true;
+        upstream.write(d);
+      });
+      upstream.on('data', (d: Buffer) => {
+        client.write(d);
+        if (cutting && (answered += d.length) > 300_000) {
+          cuts++;
+          cutting = false;
+          client.destroy();
+          upstream.destroy();
+        }
+      });
+      client.on('error', () => upstream.destroy()).on('end', () => upstream.end());
+      upstream.on('error', () => client.destroy()).on('end', () => client.end());
+    });
+    await new Promise<void>((ok) => proxy.listen(0, '127.0.0.1', ok));
+    try {
+      const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'cut.enc', '--out', 'cut.dec'], { KEYFLEET_URL: `http://127.0.0.1:${(proxy.address() as { port: number }).port}` });
+      expect(code, stderr).toBe(2);
+      expect(cuts).toBe(1);
+      expect(stderr).toMatch(/keyfleet: download interrupted after [\d,]+ results \(.*\); resuming/);
+      const reported = [...stderr.matchAll(/^line (\d+): KF_DECRYPT_FAILED/gm)].map((m) => Number(m[1]));
+      expect(reported).toEqual(failing);
+      expect(stderr).toContain('19,980 of 20,000 items decrypted');
+      const out = readFileSync(path('cut.dec'), 'utf8').split('\n');
+      expect(out).toHaveLength(20_001);
+      expect(out.filter((line) => line === '')).toHaveLength(21); // the failed lines, and after the last newline
+      expect(out[0]).toBe('SN-0000001-0 ünïcode ✓');
+      expect(out[19_998]).toBe(readFileSync(path('serials.dec'), 'utf8').split('\n')[19_998]);
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((ok) => proxy.close(ok));
+    }
+  });
+
+  it('refuses an --out it cannot write before it uploads anything', async () => {
+    const { code, stderr } = await keyfleet(['encrypt', '--key', 'serials', '--in', 'unsent.txt', '--out', 'no-such-dir/unsent.enc']);
+    expect(code).toBe(1);
+    expect(stderr).toMatch(/^keyfleet: ENOENT: no such file or directory, open '.*no-such-dir\/unsent\.enc'\n$/);
   });
 
   it('decrypts a ciphertext file saved with Windows line ends and a byte order mark', async () => {
