@@ -28,6 +28,12 @@ const PACK_SLOW_LINE = 1;
 
 export interface IntakeOptions {
   readonly chunkItems: number;
+  /**
+   * A chunk also closes once its packed items reach this many bytes (CHUNK_BYTES), so that a
+   * chunk of large items stays a Redis value and a worker's memory of a sensible size. It may
+   * pass it by one item, or by what one body piece packs into (the native packer).
+   */
+  readonly chunkBytes: number;
   /** The largest item accepted (see itemLimit); larger ones fail alone as KF_ITEM_TOO_LARGE. */
   readonly maxItemBytes: number;
   /** Items the batch may hold; one more fails the upload with KF_BATCH_TOO_LARGE. */
@@ -101,10 +107,11 @@ export class BatchIntake {
     let at = start;
     while (at < end) {
       const room = Math.min(this.#options.chunkItems - this.#packer.count, this.#options.maxItems + 1 - this.#total);
+      const stop = this.#byteBound(source, at, end);
       // Each line of n bytes packs into at most 5 + (n - 3) bytes: 2 × the span always fits.
-      const { buffer, at: outAt } = this.#packer.writable(2 * (end - at));
+      const { buffer, at: outAt } = this.#packer.writable(2 * (stop - at));
       state[0] = at;
-      state[1] = end;
+      state[1] = stop;
       state[2] = outAt;
       state[3] = room;
       state[4] = this.#options.maxItemBytes;
@@ -117,6 +124,20 @@ export class BatchIntake {
       if (state[7] === PACK_SLOW_LINE) return at;
     }
     return at;
+  }
+
+  /**
+   * Where a run of lines from `at` should stop so that the chunk stays within CHUNK_BYTES: the
+   * end of the last whole line that surely fits, or of the first line when none does (a chunk
+   * then passes the limit by that one item). A line of n ≥ 3 bytes packs into at most 5n/3.
+   */
+  #byteBound(source: Buffer, at: number, end: number): number {
+    const budget = Math.floor(((this.#options.chunkBytes - this.#packer.bytes) * 3) / 5);
+    if (end - at <= budget) return end;
+    const last = budget > 0 ? source.lastIndexOf(10, at + budget - 1) : -1;
+    if (last >= at) return last + 1;
+    const first = source.indexOf(10, at);
+    return first === -1 || first >= end ? end : first + 1;
   }
 
   /** Adds an item that is not a JSON string (a line that is not JSON, or JSON of another type); it fails alone, in its place. */
@@ -170,7 +191,7 @@ export class BatchIntake {
     if (++this.#total > this.#options.maxItems) {
       throw new KeyfleetError('KF_BATCH_TOO_LARGE', `the batch holds more than MAX_BATCH_ITEMS (${this.#options.maxItems}) items`);
     }
-    if (this.#packer.count >= this.#options.chunkItems) this.#full.push(this.#sealChunk());
+    if (this.#packer.count >= this.#options.chunkItems || this.#packer.bytes >= this.#options.chunkBytes) this.#full.push(this.#sealChunk());
   }
 
   /** Seals the packer's items as the next chunk, straight from its buffer (no copy of the plain inputs). */
@@ -191,7 +212,7 @@ export class BatchIntake {
   }
 
   async #enqueue({ chunk, count, firstIndex, sealed, storage }: SealedChunk): Promise<void> {
-    await this.#store.addSealedChunk(this.batchId, chunk, sealed, count);
+    await this.#store.addSealedChunk(this.batchId, chunk, sealed, count, firstIndex);
     // Redis has answered, so the command has been written out: the buffer is free again.
     if (this.#spare.length < MAX_IN_FLIGHT) this.#spare.push(storage);
     const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;

@@ -17,7 +17,7 @@ export async function submitBatch(
   keepAlive?: () => void,
 ): Promise<{ batchId: string; total: number }> {
   const { batches, queue } = app.services;
-  const { chunkItems, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems, webhookSecret, webhookAllowedHosts } = app.keyfleet;
+  const { chunkItems, chunkBytes, maxItemBytes, maxBatchItems, maxActiveBatches, maxBacklogItems, webhookSecret, webhookAllowedHosts } = app.keyfleet;
   const callbackUrl = request.callbackUrl === undefined ? undefined : checkCallbackUrl(request.callbackUrl, { secret: webhookSecret, allowedHosts: webhookAllowedHosts });
   const spec: BatchSpec = { ...request, chunkItems, ...(callbackUrl ? { callbackUrl } : {}) };
   // Refused before any byte of the body is read: unknown key (404), a key that cannot do the
@@ -31,6 +31,7 @@ export async function submitBatch(
   app.services.metrics.batches.inc({ event: 'created' });
   const intake = new BatchIntake(batchId, spec, batches, queue, {
     chunkItems,
+    chunkBytes,
     maxItemBytes: itemLimit(spec.op, spec.encoding, maxItemBytes),
     maxItems: maxBatchItems,
     ...(keepAlive ? { keepAlive } : {}),

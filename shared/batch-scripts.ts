@@ -18,10 +18,11 @@ import type { Redis } from './redis.js';
 // purpose: a chunk's input is its share of the backlog not yet subtracted, so a job whose
 // batch is gone subtracts its items by deleting its input, once (the queue keeps jobs for ever).
 
-/** Lua: the batch ended; its record, done set and every chunk's results now stay `ttl`. */
+/** Lua: the batch ended; its record, done set, chunk starts and every chunk's results now stay `ttl`. */
 const startResultClock = ({ meta, done, base, ttl }: { meta: string; done: string; base: string; ttl: string }): string => `
 redis.call('EXPIRE', ${meta}, ${ttl})
 redis.call('EXPIRE', ${done}, ${ttl})
+redis.call('EXPIRE', ${base} .. ':starts', ${ttl})
 for i = 0, ${storedChunks(base)} - 1 do redis.call('EXPIRE', ${base} .. ':out:' .. i, ${ttl}) end`;
 
 /** Lua, ending a script: completes the batch (KEYS[1]) once it is sealed and every chunk is done, else publishes progress. */
@@ -55,14 +56,19 @@ ${startResultClock({ meta: 'KEYS[1]', done: a.done, base: a.base, ttl: a.ttl })}
 redis.call('UNLINK', ${a.upload}, ${a.base} .. ':added')
 redis.call('PUBLISH', ${a.channel}, 'failed')`;
 
-/** Lua: the batch's record is gone (expired): the chunk's input, if still there, holds its items in the backlog. */
-const dropOrphanInput = ({ input, backlog, count }: { input: string; backlog: string; count: string }): string => `
-if redis.call('UNLINK', ${input}) == 1 then redis.call('DECRBY', ${backlog}, ${count}) end`;
+/**
+ * Lua: the batch's record is gone (expired): the chunk's input, if still there, holds its items
+ * in the backlog. The chunk starts, which only a download of the record's batch reads, go too.
+ */
+const dropOrphanInput = ({ input, backlog, count, base }: { input: string; backlog: string; count: string; base: string }): string => `
+if redis.call('UNLINK', ${input}) == 1 then redis.call('DECRBY', ${backlog}, ${count}) end
+redis.call('UNLINK', ${base} .. ':starts')`;
 
 /**
- * KEYS meta, input, backlog, upload, done, added · ARGV count, leaseMs, openTtl, chunk. The input
- * was SET (EX chunkTtl) just before. A chunk counts once: ioredis sends a command again when
- * the connection broke before its reply, and the script may have run.
+ * KEYS meta, input, backlog, upload, done, added, starts · ARGV count, leaseMs, openTtl, chunk,
+ * start (the chunk's first item, 4 bytes big-endian). The input was SET (EX chunkTtl) just
+ * before. A chunk counts once: ioredis sends a command again when the connection broke before
+ * its reply, and the script may have run.
  */
 const ADD_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -70,6 +76,8 @@ if status ~= 'queued' and status ~= 'running' then redis.call('UNLINK', KEYS[2])
 redis.call('PEXPIRE', KEYS[4], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[5], ARGV[3])
+redis.call('SETRANGE', KEYS[7], ARGV[4] * 4, ARGV[5])
+redis.call('EXPIRE', KEYS[7], ARGV[3])
 local again = redis.call('SETBIT', KEYS[6], ARGV[4], 1) == 1
 redis.call('EXPIRE', KEYS[6], ARGV[3])
 if again then return 1 end
@@ -87,7 +95,7 @@ const COMPLETE_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
   redis.call('UNLINK', KEYS[6])
-  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[5]', count: 'ARGV[2]' })}
+  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[5]', count: 'ARGV[2]', base: 'ARGV[10]' })}
   return -1
 end
 if status == 'cancelled' or status == 'failed' then redis.call('UNLINK', KEYS[6]) return -2 end
@@ -102,6 +110,7 @@ redis.call('HINCRBY', KEYS[1], 'chunksDone', 1)
 redis.call('DECRBY', KEYS[5], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[8])
 redis.call('EXPIRE', KEYS[4], ARGV[8])
+redis.call('EXPIRE', ARGV[10] .. ':starts', ARGV[8])
 if status == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running', 'startedAt', ARGV[6]) end
 ${completeWhenDone({ now: 'ARGV[6]', channel: 'ARGV[7]', ttl: 'ARGV[5]', done: 'KEYS[4]', base: 'ARGV[10]' })}`;
 
@@ -115,7 +124,7 @@ ${completeWhenDone({ now: 'ARGV[6]', channel: 'ARGV[7]', ttl: 'ARGV[5]', done: '
 const SETTLE_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
-  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[4]', count: 'ARGV[2]' })}
+  ${dropOrphanInput({ input: 'KEYS[2]', backlog: 'KEYS[4]', count: 'ARGV[2]', base: 'ARGV[7]' })}
   return -1
 end
 if status == 'cancelled' or status == 'failed' then return -2 end
@@ -165,7 +174,7 @@ redis.call('HSET', KEYS[1], 'deleted', 1)
 for i = 0, ${storedChunks('ARGV[3]')} - 1 do
   redis.call('UNLINK', ARGV[3] .. ':in:' .. i, ARGV[3] .. ':out:' .. i)
 end
-redis.call('UNLINK', KEYS[2], KEYS[4], ARGV[3] .. ':added')
+redis.call('UNLINK', KEYS[2], KEYS[4], ARGV[3] .. ':added', ARGV[3] .. ':starts')
 redis.call('PUBLISH', ARGV[2], 'cancelled')
 return changed`;
 
@@ -193,7 +202,7 @@ return 1`;
 declare module 'ioredis' {
   interface RedisCommander<Context> {
     kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
-    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, added: string, count: number, leaseMs: number, openTtl: number, chunk: number): Result<number, Context>;
+    kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, added: string, starts: string, count: number, leaseMs: number, openTtl: number, chunk: number, start: Buffer): Result<number, Context>;
     kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
     kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
     kfBatchSeal(meta: string, upload: string, done: string, now: string, channel: string, ttl: number, base: string): Result<number, Context>;
@@ -205,7 +214,7 @@ declare module 'ioredis' {
 /** Registers the scripts on a connection (idempotent: ioredis keeps one definition per name). */
 export function defineBatchScripts(redis: Redis): void {
   redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
-  redis.defineCommand('kfChunkAdd', { numberOfKeys: 6, lua: ADD_CHUNK });
+  redis.defineCommand('kfChunkAdd', { numberOfKeys: 7, lua: ADD_CHUNK });
   redis.defineCommand('kfChunkComplete', { numberOfKeys: 6, lua: COMPLETE_CHUNK });
   redis.defineCommand('kfChunkSettle', { numberOfKeys: 5, lua: SETTLE_CHUNK });
   redis.defineCommand('kfBatchSeal', { numberOfKeys: 3, lua: SEAL });

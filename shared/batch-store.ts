@@ -115,9 +115,12 @@ export class BatchStore {
     return id;
   }
 
-  /** Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch has ended. */
-  async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
-    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count);
+  /**
+   * Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch
+   * has ended. `firstIndex`: the batch-wide index of its first item (all chunks before it full).
+   */
+  async addChunk(id: string, chunk: number, packed: Buffer, count: number, firstIndex = chunk * count): Promise<void> {
+    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count, firstIndex);
   }
 
   /**
@@ -128,14 +131,16 @@ export class BatchStore {
     return this.#sealer.sealInto('batch', id, `in:${chunk}`, packed, out);
   }
 
-  async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number): Promise<void> {
+  async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number, firstIndex: number): Promise<void> {
     const k = this.#keys;
     const input = k.batchInput(id, chunk);
+    const start = Buffer.allocUnsafe(4);
+    start.writeUInt32BE(firstIndex);
     const added = await pipelined(
       this.#redis
         .pipeline()
         .set(input, sealed, 'EX', this.#chunkTtl)
-        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), k.batchDone(id), k.batchAdded(id), count, this.#leaseMs, this.#openTtl, chunk),
+        .kfChunkAdd(k.batch(id), input, k.backlogItems(), k.batchUpload(id), k.batchDone(id), k.batchAdded(id), k.batchStarts(id), count, this.#leaseMs, this.#openTtl, chunk, start),
     );
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', ENDED_DURING_UPLOAD);
   }
@@ -203,6 +208,15 @@ export class BatchStore {
     return sealed && this.#sealer.open('batch', id, `in:${chunk}`, sealed);
   }
 
+  /**
+   * Where each chunk of the batch starts, as stored. A batch stored before chunks could close by
+   * bytes has no record of it: there every chunk but the last holds `chunkItems` items.
+   */
+  async chunkLayout(batch: BatchRecord): Promise<ChunkLayout> {
+    const raw = await this.#redis.getBuffer(this.#keys.batchStarts(batch.id));
+    return raw ? new StoredChunkStarts(raw, batch.chunks) : new EvenChunks(batch.chunkItems);
+  }
+
   /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */
   async readResults(id: string, chunk: number): Promise<Buffer | null> {
     const sealed = await this.#redis.getBuffer(this.#keys.batchResult(id, chunk));
@@ -265,6 +279,58 @@ export class BatchStore {
       sealed: f['sealed'] === '1',
       deleted: f['deleted'] === '1',
     };
+  }
+}
+
+/** Which items each chunk of a batch holds. */
+export interface ChunkLayout {
+  /** The batch-wide index of the chunk's first item. */
+  firstIndex(chunk: number): number;
+  /** The chunk that holds item `index` (of the batch's items). */
+  chunkOf(index: number): number;
+}
+
+/** Chunks of `chunkItems` items each but the last. */
+class EvenChunks implements ChunkLayout {
+  readonly #items: number;
+
+  constructor(chunkItems: number) {
+    this.#items = Math.max(chunkItems, 1);
+  }
+
+  firstIndex(chunk: number): number {
+    return chunk * this.#items;
+  }
+
+  chunkOf(index: number): number {
+    return Math.floor(index / this.#items);
+  }
+}
+
+/** Each chunk's first item as stored (`RedisKeys.batchStarts`: a big-endian u32 per chunk). */
+class StoredChunkStarts implements ChunkLayout {
+  readonly #raw: Buffer;
+  readonly #chunks: number;
+
+  constructor(raw: Buffer, chunks: number) {
+    this.#raw = raw;
+    this.#chunks = chunks;
+  }
+
+  firstIndex(chunk: number): number {
+    return this.#raw.readUInt32BE(chunk * 4);
+  }
+
+  /** The last chunk whose first item is at or before `index`. */
+  chunkOf(index: number): number {
+    let low = 0;
+    let high = this.#chunks - 1;
+    while (low < high) {
+      const middle = (low + high + 1) >> 1;
+      if (this.firstIndex(middle) <= index) low = middle;
+      else high = middle - 1;
+    }
+    return low;
   }
 }
 

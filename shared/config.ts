@@ -45,6 +45,12 @@ const envSchema = z.object({
    * for the threads of several workers (README, Performance).
    */
   CHUNK_ITEMS: int(1, 1_000_000).default(10_000),
+  /**
+   * A chunk also closes once its items take this many bytes: 10,000 items of 64 KiB would be a
+   * 655 MB chunk, past Redis's 512 MB value limit and a worker's memory. 32-byte items fill a
+   * 10,000-item chunk in ~370 KB, far below it.
+   */
+  CHUNK_BYTES: int(64 * 1024, 256 * 1024 * 1024).default(4 * 1024 * 1024),
   WORKER_THREADS: int(1, 256).default(availableParallelism()),
   /** Chunks one worker process holds at once; more than the thread count so Redis I/O overlaps crypto. */
   WORKER_CONCURRENCY: int(1, 1024).optional(),
@@ -132,6 +138,7 @@ export interface Config {
   readonly prefix: string;
   readonly syncMaxItems: number;
   readonly chunkItems: number;
+  readonly chunkBytes: number;
   readonly workerThreads: number;
   readonly workerConcurrency: number;
   readonly resultTtlSeconds: number;
@@ -202,6 +209,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
     prefix: e.KEYFLEET_PREFIX,
     syncMaxItems: e.SYNC_MAX_ITEMS,
     chunkItems: e.CHUNK_ITEMS,
+    chunkBytes: e.CHUNK_BYTES,
     workerThreads: e.WORKER_THREADS,
     workerConcurrency: e.WORKER_CONCURRENCY ?? e.WORKER_THREADS * 2,
     resultTtlSeconds: e.RESULT_TTL_SECONDS,

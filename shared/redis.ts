@@ -152,6 +152,15 @@ export class RedisKeys {
     return `${this.batch(id)}:added`;
   }
 
+  /**
+   * Where each chunk starts: the batch-wide index of its first item, a big-endian u32 per chunk.
+   * Chunks close at CHUNK_ITEMS items or CHUNK_BYTES bytes, so a download cannot work it out from
+   * the chunk's number. Lives as long as the results.
+   */
+  batchStarts(id: string): string {
+    return `${this.batch(id)}:starts`;
+  }
+
   /** Bitmap of chunks already accounted: the guard that makes a chunk's completion idempotent. */
   batchDone(id: string): string {
     return `${this.prefix}:batch:${id}:done`;

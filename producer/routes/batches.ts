@@ -2,7 +2,7 @@ import type { Hash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
-import { publicStatus, type BatchRecord, type BatchStore } from '../../shared/batch-store.js';
+import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
@@ -84,11 +84,12 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     }
     // The first chunk is read before the answer starts, so that a batch deleted since the check
     // above is still a 410; one deleted later cuts the download short.
-    const start = startOf(batch, request.query.from);
+    const layout = await batches.chunkLayout(batch);
+    const start = startOf(batch, layout, request.query.from);
     const first = start ? await batches.readResults(batch.id, start.chunk) : null;
     if (start && !first) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(start ? resultChunks(batches, batch, start, first!, formatter) : [], { objectMode: false }));
+    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, first!, formatter) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
@@ -163,19 +164,18 @@ async function* hashing(body: AsyncIterable<Buffer>, hash: Hash): AsyncGenerator
 }
 
 /** Where a download from item `from` starts: the chunk, and the lines of it to skip; none past the end. */
-function startOf(batch: BatchRecord, from: number): { chunk: number; skip: number } | undefined {
+function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk: number; skip: number } | undefined {
   if (from >= batch.total) return undefined;
-  const chunk = batch.chunkItems > 0 ? Math.floor(from / batch.chunkItems) : 0;
-  return { chunk, skip: from - chunk * batch.chunkItems };
+  const chunk = layout.chunkOf(from);
+  return { chunk, skip: from - layout.firstIndex(chunk) };
 }
 
 /**
  * Result lines chunk by chunk in input order from `start` on (its chunk's results already read),
- * reading the next chunk while the current one is formatted and sent. Every chunk but the last
- * holds `chunkItems` items.
+ * reading the next chunk while the current one is formatted and sent.
  */
-async function* resultChunks(batches: BatchStore, batch: BatchRecord, start: { chunk: number; skip: number }, first: Buffer, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
-  const { id, chunks, chunkItems } = batch;
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, start: { chunk: number; skip: number }, first: Buffer, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
+  const { id, chunks } = batch;
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
   const readAhead = (chunk: number): Promise<Buffer | null> | undefined => {
@@ -190,7 +190,7 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, start: { c
     const current = await next!;
     next = readAhead(chunk + 1);
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
-    yield* resultLines(current, chunk * chunkItems, skip, formatter);
+    yield* resultLines(current, layout.firstIndex(chunk), skip, formatter);
     skip = 0;
   }
 }

@@ -88,8 +88,8 @@ describe('batch lifetimes', () => {
       expect(opened.body.results).toEqual([{ plaintext: `late-${i}` }]);
     }
 
-    // The results clock started at completion: record, done set and every chunk's results stay RESULT_TTL_SECONDS.
-    for (const key of [keys.batch(id), keys.batchDone(id), keys.batchResult(id, 0), keys.batchResult(id, 1), keys.batchResult(id, 2)]) {
+    // The results clock started at completion: record, done set, chunk starts and every chunk's results stay RESULT_TTL_SECONDS.
+    for (const key of [keys.batch(id), keys.batchDone(id), keys.batchStarts(id), keys.batchResult(id, 0), keys.batchResult(id, 1), keys.batchResult(id, 2)]) {
       const ttl = await redis.ttl(key);
       expect(ttl, key).toBeGreaterThan(0);
       expect(ttl, key).toBeLessThanOrEqual(RESULT_TTL);

@@ -200,7 +200,7 @@ async function* pieces(body: Buffer, cuts: readonly number[]): AsyncGenerator<Bu
 
 async function newIntake(): Promise<BatchIntake> {
   const spec = { tenant: 'acme', op: 'encrypt' as const, key: 'k', encoding: 'utf8' as const, chunkItems: 5 };
-  return new BatchIntake(await store.create(spec, 1_000), spec, store, queue, { chunkItems: 5, maxItemBytes: MAX_ITEM, maxItems: 100_000 });
+  return new BatchIntake(await store.create(spec, 1_000), spec, store, queue, { chunkItems: 5, chunkBytes: 256 * 1024 * 1024, maxItemBytes: MAX_ITEM, maxItems: 100_000 });
 }
 
 /** Finishes the intake's batch and reads back every stored item. */

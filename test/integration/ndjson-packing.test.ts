@@ -63,7 +63,7 @@ function expected(lines: readonly string[]): Array<{ flag: number; text?: string
 async function packed(body: Buffer, cuts: readonly number[], native: boolean): Promise<Array<{ flag: number; text?: string }>> {
   const spec = { tenant: 'acme', op: 'encrypt' as const, key: 'k', encoding: 'utf8' as const, chunkItems: 7 };
   const id = await store.create(spec, 1_000);
-  const intake = new BatchIntake(id, spec, store, queue, { chunkItems: 7, maxItemBytes: MAX_ITEM, maxItems: 100_000 });
+  const intake = new BatchIntake(id, spec, store, queue, { chunkItems: 7, chunkBytes: 256 * 1024 * 1024, maxItemBytes: MAX_ITEM, maxItems: 100_000 });
   async function* pieces(): AsyncGenerator<Buffer> {
     let at = 0;
     for (const cut of cuts) {
