@@ -1,14 +1,16 @@
+import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 
 /** How long a connection answered before its body ended goes on reading, and dropping, what still arrives. */
 export const LINGER_MS = 2_000;
 
-const lingering = new WeakSet<Socket>();
+const lingering = new WeakSet<IncomingMessage>();
 
 /**
  * Has the connection of a request answered before its body ended close in stages (RFC 9112
  * §9.6): once the answer is written, a half-close tells the client it is over, and what the
- * client still sends is read and dropped until it closes too, or for `lingerMs` at most.
+ * client still sends is read and dropped until the body ends, the client closes, or `lingerMs`
+ * passes.
  *
  * Node closes such a connection as soon as the answer is written (`socket.destroySoon`, the
  * last step of an answer sent with `connection: close`). The client, still uploading, then has
@@ -16,15 +18,25 @@ const lingering = new WeakSet<Socket>();
  * upload refused early (an unknown key, the tenant's batch limit) reached the CLI as EPIPE or
  * ECONNRESET instead of its 404 or 429, and a 429 was not retried.
  */
-export function closeAfterAnswer(socket: Socket, lingerMs = LINGER_MS): void {
-  if (lingering.has(socket)) return;
-  lingering.add(socket);
-  // Node's HTTP server calls this once the answer is written; the parser still reads the socket
-  // (the request's remaining body is dumped), so the client's bytes are taken and dropped.
-  socket.destroySoon = function lingeringClose(this: Socket): void {
-    if (this.writable) this.end();
-    const timer = setTimeout(() => this.destroy(), lingerMs);
+export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS): void {
+  const socket = request.socket as Socket | undefined;
+  // A request made in-process (fastify's inject) has no socket of its own to close.
+  if (lingering.has(request) || typeof socket?.destroySoon !== 'function') return;
+  lingering.add(request);
+  // The rest of the body is dropped from here on. A route may still hold a reader on it (an
+  // upload's iterator, which leaves the request paused once its buffer is full): that read is
+  // abandoned, and Node would not drop the body for a request someone reads.
+  request.removeAllListeners('readable');
+  request.resume();
+  const closeNow = socket.destroySoon.bind(socket); // ends the socket, destroys it once the answer is out
+  socket.destroySoon = function lingeringClose(): void {
+    // Once the body has ended, nothing of the client's is left to drop; what would follow is a
+    // request pipelined behind it, which must not run on a connection answered with close.
+    if (request.complete) return closeNow();
+    if (socket.writable) socket.end();
+    const timer = setTimeout(() => socket.destroy(), lingerMs);
     timer.unref();
-    this.once('close', () => clearTimeout(timer));
+    socket.once('close', () => clearTimeout(timer));
+    request.once('end', closeNow);
   };
 }

@@ -67,7 +67,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     // Kept open, it stayed with the unread bytes in its buffers, and held up the API's shutdown.
     if (!request.raw.complete) {
       reply.header('connection', 'close');
-      closeAfterAnswer(request.raw.socket);
+      closeAfterAnswer(request.raw);
     }
     return reply.status(error.status).send({ error: error.toBody() });
   });
