@@ -217,7 +217,7 @@ export class KeyfleetClient {
         reason = 'the event stream ended without a final status';
       } catch (err) {
         if (!isStreamBreak(err)) throw err;
-        reason = `the event stream broke (${err instanceof KeyfleetConnectionError ? err.message : failureReason(err.cause as Error)})`;
+        reason = `the event stream broke (${err instanceof TypeError ? failureReason(err.cause as Error) : err.message})`;
       }
       if (advanced || Date.now() - opened >= 60_000) failures = 0;
       if (++failures > reconnects) throw new Error(`batch ${id}: ${reason}, ${reconnects} reconnections in a row failed`);
@@ -322,12 +322,14 @@ function fetchError(err: unknown, url: string, sourceError?: unknown): unknown {
 }
 
 /**
- * A break of a response already under way, or of the connection before it: not an answer of
- * the API. undici reports a body cut short as `TypeError('terminated')` with the socket's
- * error as its cause; an answer (KeyfleetApiError) or an abort is not a break.
+ * A break of a response already under way, or of the connection before it, or a gateway's
+ * answer while the API behind it restarts (502, 503 once its own retries ran out, 504): not an
+ * answer of the API about the batch. undici reports a body cut short as `TypeError('terminated')`
+ * with the socket's error as its cause. Any other answer (404, 401) or an abort is not a break.
  */
 function isStreamBreak(err: unknown): err is Error {
   if (err instanceof KeyfleetConnectionError) return true;
+  if (err instanceof KeyfleetApiError) return err.status === 502 || err.status === 503 || err.status === 504;
   return err instanceof TypeError && err.cause instanceof Error;
 }
 

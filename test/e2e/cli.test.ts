@@ -336,8 +336,9 @@ describe('the typed client', () => {
   });
 
   it('waits for a batch across broken and ended event streams, and stops at an answer', async () => {
-    // A stand-in API: the first stream breaks after one event, the second ends cleanly without
-    // the final one, the third gives it. Another batch is not found.
+    // A stand-in API: a gateway answers 502 first (the API behind it restarting), then the first
+    // stream breaks after one event, the second ends cleanly without the final one, the third
+    // gives it. Another batch is not found.
     const status = (processed: number, state: string) => JSON.stringify({ id: 'b1', op: 'encrypt', key: 'k', status: state, total: 10, processed, succeeded: processed, failed: 0, createdAt: new Date().toISOString() });
     let streams = 0;
     let neverDone = false;
@@ -347,10 +348,14 @@ describe('the typed client', () => {
         return;
       }
       streams++;
+      if (streams === 1 && !neverDone) {
+        res.writeHead(502, { 'content-type': 'text/plain' }).end('Bad Gateway');
+        return;
+      }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       if (neverDone) res.end(`event: status\ndata: ${status(9, 'running')}\n\n`);
-      else if (streams === 1) res.write(`event: status\ndata: ${status(3, 'running')}\n\n`, () => res.destroy());
-      else if (streams === 2) res.end(`event: status\ndata: ${status(6, 'running')}\n\n`);
+      else if (streams === 2) res.write(`event: status\ndata: ${status(3, 'running')}\n\n`, () => res.destroy());
+      else if (streams === 3) res.end(`event: status\ndata: ${status(6, 'running')}\n\n`);
       else res.end(`event: status\ndata: ${status(8, 'running')}\n\nevent: done\ndata: ${status(10, 'completed')}\n\n`);
     });
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
@@ -360,7 +365,7 @@ describe('the typed client', () => {
       const final = await client.waitForBatch('b1', (s) => seen.push(s.processed));
       expect(final).toMatchObject({ status: 'completed', processed: 10 });
       expect(seen).toEqual([3, 6, 8, 10]);
-      expect(streams).toBe(3);
+      expect(streams).toBe(4);
       await expect(client.waitForBatch('b2')).rejects.toMatchObject({ status: 404, code: 'KF_BATCH_NOT_FOUND' });
       // A stream that keeps ending without news is given up after `reconnects` tries in a row.
       neverDone = true;
