@@ -50,8 +50,10 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   // Opened first, without truncating it (it may be the input): a path that cannot be written
   // fails now, not after the whole batch has run. A file made here goes again if the run fails
   // before writing to it (what a failed download wrote stays, for --resume).
-  const existed = await stat(options.out).then(() => true, () => false);
-  await (await open(options.out, 'a')).close();
+  const found = await stat(options.out).catch(() => undefined);
+  // (Not a named pipe or a device: opening and closing one would end its reader's input.)
+  if (!found || found.isFile()) await (await open(options.out, 'a')).close();
+  const existed = found !== undefined;
   try {
     return await bulk(client, options);
   } catch (err) {
