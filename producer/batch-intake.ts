@@ -31,7 +31,7 @@ export interface IntakeOptions {
   /**
    * A chunk also closes once its packed items reach this many bytes (CHUNK_BYTES), so that a
    * chunk of large items stays a Redis value and a worker's memory of a sensible size. It may
-   * pass it by one item, or by what one body piece packs into (the native packer).
+   * pass it by one item.
    */
   readonly chunkBytes: number;
   /** The largest item accepted (see itemLimit); larger ones fail alone as KF_ITEM_TOO_LARGE. */

@@ -28,6 +28,8 @@ export interface BatchRecord extends BatchStatusBody {
   readonly encoding: Encoding;
   readonly chunks: number;
   readonly chunkItems: number;
+  /** Its chunks' first items are recorded (`RedisKeys.batchStarts`): every batch stored since chunks could close by bytes. */
+  readonly chunkStarts: boolean;
   readonly callbackUrl?: string;
   readonly sealed: boolean;
   readonly deleted: boolean;
@@ -101,7 +103,7 @@ export class BatchStore {
     if (members.length >= maxActive) await Promise.all(members.map((id) => this.failIfAbandoned(id)));
     const id = randomBytes(12).toString('base64url');
     const fields = {
-      id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, status: 'queued',
+      id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, chunkStarts: 1, status: 'queued',
       total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
       ...(spec.callbackUrl ? { callbackUrl: spec.callbackUrl } : {}),
     };
@@ -210,11 +212,15 @@ export class BatchStore {
 
   /**
    * Where each chunk of the batch starts, as stored. A batch stored before chunks could close by
-   * bytes has no record of it: there every chunk but the last holds `chunkItems` items.
+   * bytes has no record of it: there every chunk but the last holds `chunkItems` items. A record
+   * that should be there and is not (deleted with the results, evicted) is KF_BATCH_DELETED,
+   * never a guess that would number the results wrongly.
    */
   async chunkLayout(batch: BatchRecord): Promise<ChunkLayout> {
     const raw = await this.#redis.getBuffer(this.#keys.batchStarts(batch.id));
-    return raw ? new StoredChunkStarts(raw, batch.chunks) : new EvenChunks(batch.chunkItems);
+    if (raw && raw.length >= batch.chunks * 4) return new StoredChunkStarts(raw, batch.chunks);
+    if (batch.chunkStarts) throw new KeyfleetError('KF_BATCH_DELETED');
+    return new EvenChunks(batch.chunkItems);
   }
 
   /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */
@@ -275,6 +281,7 @@ export class BatchStore {
       ...(f['errorCode'] ? { error: { code: f['errorCode'], message: f['errorMessage'] ?? '' } } : {}),
       chunks: n('chunks'),
       chunkItems: n('chunkItems'),
+      chunkStarts: f['chunkStarts'] === '1',
       ...(f['callbackUrl'] ? { callbackUrl: f['callbackUrl'] } : {}),
       sealed: f['sealed'] === '1',
       deleted: f['deleted'] === '1',
@@ -336,7 +343,7 @@ class StoredChunkStarts implements ChunkLayout {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, callbackUrl: _u, sealed: _s, deleted: _d, ...body } = record;
+  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, deleted: _d, ...body } = record;
   return body;
 }
 

@@ -81,6 +81,16 @@ describe('chunks of large items (CHUNK_BYTES)', () => {
     expect(opened.map((l) => l.plaintext)).toEqual(originals);
   });
 
+  it('answers 410 for results whose chunk starts are gone, rather than number them wrongly', async () => {
+    const submitted = await client.uploadNdjson('encrypt', 'serials', ['a', 'b', 'c']);
+    const batchId = submitted.body.batchId as string;
+    await client.waitForBatch(batchId);
+    expect((await client.results(batchId)).map((l) => l.i)).toEqual([0, 1, 2]);
+    await redis.del(keys.batchStarts(batchId)); // as an eviction would
+    const res = await client.json('GET', `/v1/batches/${batchId}/results`);
+    expect(res).toMatchObject({ status: 410, body: { error: { code: 'KF_BATCH_DELETED' } } });
+  });
+
   it('deletes the chunk starts with the batch', async () => {
     const submitted = await client.uploadNdjson('encrypt', 'serials', ['a', 'b', 'c']);
     const batchId = submitted.body.batchId as string;
