@@ -101,7 +101,10 @@ export class BatchStore {
     const k = this.#keys;
     const members = await this.#redis.smembers(k.tenantBatches(spec.tenant));
     if (members.length >= maxActive) await Promise.all(members.map((id) => this.failIfAbandoned(id)));
-    const id = randomBytes(12).toString('base64url');
+    // Not starting with '-' (or '_'): on a command line, `keyfleet batch status -x…` reads as an option.
+    let id: string;
+    do id = randomBytes(12).toString('base64url');
+    while (id[0] === '-' || id[0] === '_');
     const fields = {
       id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, chunkStarts: 1, status: 'queued',
       total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
