@@ -96,7 +96,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
-  const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt))));
+  const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)), { apiReached: !options.resume }));
   if (final.op !== op || final.key !== key) {
     throw new Error(`batch ${batchId} is ${final.op} under key ${final.key}, not ${op} under key ${key}`);
   }

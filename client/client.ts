@@ -199,16 +199,20 @@ export class KeyfleetClient {
    * Waits for the batch's final status (completed, failed or cancelled). A stream that breaks
    * or ends early (an API restarting, a proxy's time limit) is opened again, after a backoff;
    * `reconnects` streams in a row that neither brought progress nor lasted a minute end the
-   * wait. So does an answer of the API (a 404, a 401).
+   * wait. So does an answer of the API (a 404, a 401), and an API that cannot be reached before
+   * any stream opened, unless `apiReached` says it answered before (an upload just accepted):
+   * a wrong URL fails at once, not after the reconnections.
    */
-  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void, { reconnects = 8 }: { reconnects?: number } = {}): Promise<BatchStatusBody> {
+  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void, { reconnects = 8, apiReached = false }: { reconnects?: number; apiReached?: boolean } = {}): Promise<BatchStatusBody> {
     let processed = -1;
+    let connected = apiReached;
     for (let failures = 0; ; ) {
       let reason: string;
       const opened = Date.now();
       let advanced = false;
       try {
         for await (const status of this.events(id)) {
+          connected = true;
           if (status.processed > processed) advanced = true;
           processed = Math.max(processed, status.processed);
           onProgress?.(status);
@@ -216,7 +220,7 @@ export class KeyfleetClient {
         }
         reason = 'the event stream ended without a final status';
       } catch (err) {
-        if (!isStreamBreak(err)) throw err;
+        if (!isStreamBreak(err) || (err instanceof KeyfleetConnectionError && !connected)) throw err;
         reason = `the event stream broke (${err instanceof TypeError ? failureReason(err.cause as Error) : err.message})`;
       }
       if (advanced || Date.now() - opened >= 60_000) failures = 0;

@@ -368,6 +368,10 @@ describe('the typed client', () => {
       expect(streams).toBe(4);
       await expect(client.waitForBatch('b2')).rejects.toMatchObject({ status: 404, code: 'KF_BATCH_NOT_FOUND' });
       // A stream that keeps ending without news is given up after `reconnects` tries in a row.
+      // A URL nothing answers fails at once, unless the API answered before (the CLI's upload).
+      const closed = new KeyfleetClient({ url: `http://127.0.0.1:${await freePort()}`, token: 't', retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+      await expect(closed.waitForBatch('b1')).rejects.toBeInstanceOf(KeyfleetConnectionError);
+      await expect(closed.waitForBatch('b1', undefined, { apiReached: true, reconnects: 2 })).rejects.toThrow(/^batch b1: the event stream broke \(cannot reach .* \(ECONNREFUSED\)\), 2 reconnections in a row failed$/);
       neverDone = true;
       streams = 0;
       await expect(client.waitForBatch('b1', undefined, { reconnects: 2 })).rejects.toThrow('batch b1: the event stream ended without a final status, 2 reconnections in a row failed');
