@@ -105,9 +105,9 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     throw new Error(`batch ${batchId} ended ${final.status}${reason}`);
   }
 
-  const written = await download(client, batchId, options, lines);
+  const { written, unwritable } = await download(client, batchId, options, lines);
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
-  return { batchId, total: final.total, succeeded: final.succeeded, failed: final.failed, status: final.status };
+  return { batchId, total: final.total, succeeded: final.succeeded - unwritable, failed: final.failed + unwritable, status: final.status };
 }
 
 /** `work`, with `bar` stopped when it settles either way: a bar left running holds the process open. */
@@ -152,9 +152,12 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
 
 /**
  * Writes the results to `out` from where it ends, retrying a broken download from there. A
- * failed item is reported once, however often its part is read.
+ * failed item is reported once, however often its part is read. So is a plaintext that holds a
+ * line break, which one line of a plain output file cannot: its line is left empty, and it
+ * counts as failed (`unwritable`); --ndjson keeps it.
  */
-async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<number> {
+async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<{ written: number; unwritable: number }> {
+  let unwritable = 0;
   let written = options.resume ? await resumePoint(options.out) : 0;
   let errorsShown = 0;
   let reportFrom = 0; // items before this one had their error reported by an earlier attempt
@@ -167,9 +170,14 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
         let pending = 0;
         for await (const line of client.resultLines(batchId, { from: written })) {
           const { value, error } = resultValue(line);
-          if (error) {
+          const multiline = !error && !options.ndjson && value!.includes('\n');
+          if (error || multiline) {
             const item = written + pending;
-            if (item >= reportFrom && errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(item)}: ${error.code} ${error.message}`);
+            if (item >= reportFrom) {
+              if (multiline) unwritable++;
+              const why = error ? `${error.code} ${error.message}` : 'the plaintext holds a line break, which one line of the output cannot (decrypt with --ndjson to get it)';
+              if (errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(item)}: ${why}`);
+            }
             reportFrom = Math.max(reportFrom, item + 1);
             buffer += options.ndjson ? 'null\n' : '\n';
           } else {
@@ -197,7 +205,7 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
     await once(out, 'close');
   }
   if (errorsShown > ERRORS_SHOWN) options.log(`… and ${errorsShown - ERRORS_SHOWN} more failed items`);
-  return written;
+  return { written, unwritable };
 }
 
 /** A result line's value, or its error. Ciphertext lines (the common case) skip JSON.parse. */

@@ -1,30 +1,52 @@
+import { isUtf8 } from 'node:buffer';
 import { createReadStream } from 'node:fs';
 import { truncate } from 'node:fs/promises';
-import { StringDecoder } from 'node:string_decoder';
 
 /**
  * The lines of a text file as they are read, without their line breaks (a `\r` before a `\n`
- * is kept: it belongs to the line, so a round trip gives the file back byte for byte). A last
- * line without a final newline counts as a line.
+ * is kept: it belongs to the line, so a round trip gives the file back byte for byte, byte
+ * order mark included). A last line without a final newline counts as a line. A line that is
+ * not UTF-8 fails the read, naming it: decoded with replacement characters, it would have been
+ * encrypted as other text than the file holds.
  */
 export async function* readLines(path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
-  let carry = '';
+  let carry: Buffer = Buffer.alloc(0); // the bytes of a line not ended yet
   let bytesRead = 0;
-  const decoder = new StringDecoder('utf8');
-  for await (const piece of createReadStream(path, { highWaterMark: 256 * 1024 })) {
-    bytesRead += (piece as Buffer).length;
+  let lineNo = 0;
+  for await (const read of createReadStream(path, { highWaterMark: 256 * 1024 })) {
+    const piece = read as Buffer;
+    bytesRead += piece.length;
     onBytes?.(bytesRead);
-    const text = carry + decoder.write(piece as Buffer);
-    let start = 0;
-    let at: number;
-    while ((at = text.indexOf('\n', start)) !== -1) {
-      yield text.slice(start, at);
-      start = at + 1;
+    // A newline byte is never part of another UTF-8 character, so whole lines decode alone.
+    const lastBreak = piece.lastIndexOf(10);
+    if (lastBreak === -1) {
+      carry = carry.length ? Buffer.concat([carry, piece]) : piece;
+      continue;
     }
-    carry = text.slice(start);
+    const whole = carry.length ? Buffer.concat([carry, piece.subarray(0, lastBreak + 1)]) : piece.subarray(0, lastBreak + 1);
+    carry = piece.subarray(lastBreak + 1);
+    const text = decodeLines(whole, path, lineNo);
+    for (let start = 0, at = text.indexOf('\n'); at !== -1; start = at + 1, at = text.indexOf('\n', start)) {
+      lineNo++;
+      yield text.slice(start, at);
+    }
   }
-  carry += decoder.end();
-  if (carry) yield carry;
+  if (carry.length) yield decodeLines(carry, path, lineNo);
+}
+
+/** `bytes` (whole lines) as text; a line that is not UTF-8 is named (`before`: the lines before these). */
+function decodeLines(bytes: Buffer, path: string, before: number): string {
+  if (isUtf8(bytes)) return bytes.toString('utf8');
+  {
+    let line = before + 1;
+    for (let start = 0; start < bytes.length; line++) {
+      const end = bytes.indexOf(10, start);
+      const stop = end === -1 ? bytes.length : end;
+      if (!isUtf8(bytes.subarray(start, stop))) break;
+      start = stop + 1;
+    }
+    throw new Error(`line ${line} of ${path} is not UTF-8 text; give such items as base64 in an NDJSON file (--ndjson --encoding base64)`);
+  }
 }
 
 /**

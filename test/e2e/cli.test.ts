@@ -223,6 +223,31 @@ describe('the keyfleet CLI', () => {
     expect(stderr).toMatch(/^keyfleet: ENOENT: no such file or directory, open '.*no-such-dir\/unsent\.enc'\n$/);
   });
 
+  it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
+    writeFileSync(path('latin1.txt'), Buffer.concat([Buffer.from('SN-1\nSN-2\nCaf'), Buffer.from([0xe9]), Buffer.from('\nSN-4\n')]));
+    const { code, stderr } = await keyfleet(['encrypt', '--key', 'serials', '--in', 'latin1.txt', '--out', 'latin1.enc']);
+    expect(code).toBe(1);
+    expect(stderr).toContain('keyfleet: line 3 of latin1.txt is not UTF-8 text; give such items as base64 in an NDJSON file (--ndjson --encoding base64)\n');
+    expect(stderr).not.toContain('accepted');
+    expect(existsSync(path('latin1.enc'))).toBe(false);
+  });
+
+  it('leaves the line of a plaintext with a line break empty in plain output, and counts it failed; --ndjson keeps it', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    const sealed = await client.encrypt('serials', ['first', 'two\nlines', 'third']);
+    const cts = sealed.kind === 'results' ? sealed.results.map((r) => ('ciphertext' in r ? r.ciphertext : '')) : [];
+    writeFileSync(path('multi.enc'), cts.join('\n') + '\n');
+    const plain = await keyfleet(['decrypt', '--key', 'serials', '--in', 'multi.enc', '--out', 'multi.dec']);
+    expect(plain.code).toBe(2);
+    expect(plain.stderr).toContain('line 2: the plaintext holds a line break, which one line of the output cannot (decrypt with --ndjson to get it)');
+    expect(plain.stderr).toContain('2 of 3 items decrypted');
+    expect(readFileSync(path('multi.dec'), 'utf8')).toBe('first\n\nthird\n');
+    writeFileSync(path('multi.ndjson'), cts.map((ct) => JSON.stringify(ct)).join('\n') + '\n');
+    const ndjson = await keyfleet(['decrypt', '--key', 'serials', '--ndjson', '--in', 'multi.ndjson', '--out', 'multi.out.ndjson']);
+    expect(ndjson.code, ndjson.stderr).toBe(0);
+    expect(readFileSync(path('multi.out.ndjson'), 'utf8').trim().split('\n').map((l) => JSON.parse(l))).toEqual(['first', 'two\nlines', 'third']);
+  });
+
   it('decrypts a ciphertext file saved with Windows line ends and a byte order mark', async () => {
     const good = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 3);
     writeFileSync(path('windows.enc'), '\ufeff' + good.join('\r\n') + '\r\n');
