@@ -9,6 +9,7 @@ import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { bodyPauseLimit } from './body-timeout.js';
 import { clientErrorHandler } from './client-errors.js';
+import { refuseOnClosingConnection } from './lingering-close.js';
 import { lazyRequestLoggers } from './request-logger.js';
 import { adminRoutes } from './plugins/admin.js';
 import { authPlugin } from './plugins/auth.js';
@@ -77,6 +78,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.setSerializerCompiler(serializerCompiler);
   // The API takes JSON bodies (and, for uploads, NDJSON: routes/batches.ts); text/plain is a 415.
   app.removeContentTypeParser('text/plain');
+  app.addHook('onRequest', refuseOnClosingConnection);
   app.addHook('preParsing', bodyPauseLimit(config.uploadIdleSeconds));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their

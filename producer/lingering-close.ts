@@ -1,10 +1,26 @@
 import type { IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
+import type { onRequestHookHandler } from 'fastify';
+import { KeyfleetError } from '../shared/errors.js';
 
 /** How long a connection answered before its body ended goes on reading, and dropping, what still arrives. */
 export const LINGER_MS = 2_000;
 
 const lingering = new WeakSet<IncomingMessage>();
+/** Connections answered with `connection: close`, lingering: no further request on them runs. */
+const closing = new WeakSet<Socket>();
+
+/**
+ * The first onRequest hook: a request that arrives on a connection already answered with
+ * `connection: close` (pipelined behind the refused body, in the same read as its end) is not
+ * run. Its connection closes; it gets no answer, as with Node's own close.
+ */
+export const refuseOnClosingConnection: onRequestHookHandler = (request, _reply, done) => {
+  const socket = request.raw.socket;
+  if (!closing.has(socket)) return done();
+  socket.destroy();
+  done(new KeyfleetError('KF_BAD_REQUEST', 'a request sent behind one answered with connection: close'));
+};
 
 /**
  * Has the connection of a request answered before its body ended close in stages (RFC 9112
@@ -23,6 +39,7 @@ export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS)
   // A request made in-process (fastify's inject) has no socket of its own to close.
   if (lingering.has(request) || typeof socket?.destroySoon !== 'function') return;
   lingering.add(request);
+  closing.add(socket);
   // The rest of the body is dropped from here on. A route may still hold a reader on it (an
   // upload's iterator, which leaves the request paused once its buffer is full): that read is
   // abandoned, and Node would not drop the body for a request someone reads.
@@ -31,7 +48,8 @@ export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS)
   const closeNow = socket.destroySoon.bind(socket); // ends the socket, destroys it once the answer is out
   socket.destroySoon = function lingeringClose(): void {
     // Once the body has ended, nothing of the client's is left to drop; what would follow is a
-    // request pipelined behind it, which must not run on a connection answered with close.
+    // request pipelined behind it, which must not run on a connection answered with close (one
+    // parsed in the same read as the body's end is stopped by refuseOnClosingConnection).
     if (request.complete) return closeNow();
     if (socket.writable) socket.end();
     const timer = setTimeout(() => socket.destroy(), lingerMs);

@@ -45,6 +45,11 @@ describe('limits', () => {
     app = await api(env);
     for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
   });
+  /** The API on a loopback port, for the tests that need a real socket. */
+  const listening = async (): Promise<URL> => {
+    if (!app.server.listening) await app.listen({ host: '127.0.0.1', port: 0 });
+    return new URL(`http://127.0.0.1:${(app.server.address() as { port: number }).port}`);
+  };
 
   it('refuses a body above MAX_BODY_BYTES with 413, and more items than SYNC_MAX_ITEMS in a sync request with 400', async () => {
     const big = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'.repeat(5000)] });
@@ -78,7 +83,7 @@ describe('limits', () => {
     // one): 8 MB, refused after 100 items. An answer alone would leave those bytes unread: the
     // server stops reading once its buffers fill, the write never ends, and the connection is
     // reset under it.
-    const address = new URL(await app.listen({ host: '127.0.0.1', port: 0 }));
+    const address = await listening();
     const body = Buffer.from(`"${'S'.repeat(30)}"\n`.repeat(250_000));
     const head = `POST /v1/batches?op=encrypt&key=serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/x-ndjson\r\nContent-Length: ${body.length}\r\n\r\n`;
     const outcome = await new Promise<{ written: boolean; error?: string; answer: string }>((resolve) => {
@@ -95,6 +100,28 @@ describe('limits', () => {
     expect(outcome.answer).toMatch(/^HTTP\/1\.1 413 /);
     expect(outcome.answer).toMatch(/connection: close/i);
     expect(outcome.answer).toContain('"code":"KF_BATCH_TOO_LARGE"');
+  });
+
+  it('does not run a request sent behind an upload refused part-way, even in the same read as the body’s end', async () => {
+    const address = await listening();
+    const lines = Buffer.from(`"${'P'.repeat(30)}"\n`.repeat(200)); // refused at the 101st
+    const rest = Buffer.from(`"${'P'.repeat(30)}"\n`.repeat(50));
+    const head = `POST /v1/batches?op=encrypt&key=serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/x-ndjson\r\nContent-Length: ${lines.length + rest.length}\r\n\r\n`;
+    const behind = `POST /v1/keys/pipelined HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Length: 0\r\n\r\n`;
+    const answer = await new Promise<string>((resolve) => {
+      let received = '';
+      const socket = connect({ port: Number(address.port), host: '127.0.0.1', allowHalfOpen: true }, () => socket.write(Buffer.concat([Buffer.from(head), lines])));
+      socket.setEncoding('latin1').on('data', (d) => {
+        // The answer is in: the rest of the body, and a request behind it, in one write.
+        if (!received) socket.write(Buffer.concat([rest, Buffer.from(behind)]));
+        received += d;
+      });
+      socket.on('error', () => {}).on('close', () => resolve(received));
+      setTimeout(() => socket.destroy(), 10_000).unref();
+    });
+    expect(answer).toMatch(/^HTTP\/1\.1 413 /);
+    expect(answer.match(/HTTP\/1\.1/g)).toHaveLength(1);
+    expect((await call(app, admin, 'GET', '/v1/keys/pipelined')).statusCode).toBe(404);
   });
 
   it('allows MAX_ACTIVE_BATCHES batches queued at once per tenant: the next is 429, other tenants are unaffected, and a slot frees when one ends', async () => {
