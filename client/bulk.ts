@@ -4,8 +4,9 @@ import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
-import { LineMap, readLines, resumePoint } from './lines.js';
+import { LineMap, NotUtf8Error, readLines, resumePoint } from './lines.js';
 import { Progress } from './progress.js';
+import { GATEWAY_ANSWERS } from './retry.js';
 
 export interface BulkOptions {
   readonly op: BatchOp;
@@ -52,7 +53,7 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   // before writing to it (what a failed download wrote stays, for --resume).
   const found = await stat(options.out).catch(() => undefined);
   // (Not a named pipe or a device: opening and closing one would end its reader's input.)
-  if (!found || found.isFile()) await (await open(options.out, 'a')).close();
+  if (!found || !(found.isFIFO() || found.isCharacterDevice() || found.isSocket())) await (await open(options.out, 'a')).close();
   const existed = found !== undefined;
   try {
     return await bulk(client, options);
@@ -128,24 +129,30 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
   lines.reset();
   let piece = '';
   let lineNo = 0;
-  for await (const read of readLines(path, onBytes)) {
-    lineNo++;
-    let line = read;
-    if (ciphertexts && !ndjson) {
-      if (lineNo === 1 && line.startsWith('\ufeff')) line = line.slice(1);
-      if (line.endsWith('\r')) line = line.slice(0, -1);
+  try {
+    for await (const read of readLines(path, onBytes)) {
+      lineNo++;
+      let line = read;
+      if (ciphertexts && !ndjson) {
+        if (lineNo === 1 && line.startsWith('\ufeff')) line = line.slice(1);
+        if (line.endsWith('\r')) line = line.slice(0, -1);
+      }
+      if (ndjson) {
+        if (line.trim() === '') continue; // the API skips blank NDJSON lines: no item
+        piece += line + '\n';
+      } else {
+        piece += JSON.stringify(line) + '\n';
+      }
+      lines.push(lineNo);
+      if (piece.length >= 262_144) {
+        yield piece;
+        piece = '';
+      }
     }
-    if (ndjson) {
-      if (line.trim() === '') continue; // the API skips blank NDJSON lines: no item
-      piece += line + '\n';
-    } else {
-      piece += JSON.stringify(line) + '\n';
-    }
-    lines.push(lineNo);
-    if (piece.length >= 262_144) {
-      yield piece;
-      piece = '';
-    }
+  } catch (err) {
+    if (!(err instanceof NotUtf8Error)) throw err;
+    const advice = ciphertexts ? 'no ciphertext holds such bytes: the file is damaged' : 'give such items as base64 in an NDJSON file (--ndjson --encoding base64)';
+    throw new Error(`${err.message}; ${advice}`);
   }
   if (piece) yield piece;
 }
@@ -194,7 +201,9 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
         written += pending;
         break;
       } catch (err) {
-        if (attempt >= DOWNLOAD_ATTEMPTS || (err as { status?: number }).status !== undefined) throw err;
+        // A break, or a gateway's answer while the API behind it restarts, is retried; an answer of the API is not.
+        const status = (err as { status?: number }).status;
+        if (attempt >= DOWNLOAD_ATTEMPTS || (status !== undefined && !GATEWAY_ANSWERS.has(status))) throw err;
         options.log(`keyfleet: download interrupted after ${written.toLocaleString('en-US')} results (${(err as Error).message}); resuming`);
         // Whatever was read is on disk: resume from the first result not yet written.
         await sleep(500 * attempt);

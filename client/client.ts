@@ -15,7 +15,7 @@ import {
   type ResultLine,
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
-import { retryDelayMs, withRetries, type RetryOptions } from './retry.js';
+import { GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
 
 export interface ClientOptions {
@@ -333,7 +333,7 @@ function fetchError(err: unknown, url: string, sourceError?: unknown): unknown {
  */
 function isStreamBreak(err: unknown): err is Error {
   if (err instanceof KeyfleetConnectionError) return true;
-  if (err instanceof KeyfleetApiError) return err.status === 502 || err.status === 503 || err.status === 504;
+  if (err instanceof KeyfleetApiError) return GATEWAY_ANSWERS.has(err.status);
   return err instanceof TypeError && err.cause instanceof Error;
 }
 

@@ -34,6 +34,16 @@ export async function* readLines(path: string, onBytes?: (bytesRead: number) => 
   if (carry.length) yield decodeLines(carry, path, lineNo);
 }
 
+/** A line of an input file that is not UTF-8 text. */
+export class NotUtf8Error extends Error {
+  constructor(
+    readonly path: string,
+    readonly line: number,
+  ) {
+    super(`line ${line} of ${path} is not UTF-8 text`);
+  }
+}
+
 /** `bytes` (whole lines) as text; a line that is not UTF-8 is named (`before`: the lines before these). */
 function decodeLines(bytes: Buffer, path: string, before: number): string {
   if (isUtf8(bytes)) return bytes.toString('utf8');
@@ -45,7 +55,7 @@ function decodeLines(bytes: Buffer, path: string, before: number): string {
       if (!isUtf8(bytes.subarray(start, stop))) break;
       start = stop + 1;
     }
-    throw new Error(`line ${line} of ${path} is not UTF-8 text; give such items as base64 in an NDJSON file (--ndjson --encoding base64)`);
+    throw new NotUtf8Error(path, line);
   }
 }
 

@@ -13,6 +13,12 @@ export interface RetryOptions {
 export const RETRYABLE = new Set([429, 503]);
 
 /**
+ * A gateway's answers while the API behind it restarts (503 also the API's own, once the
+ * retries above ran out): a long wait or download goes on after them, from where it was.
+ */
+export const GATEWAY_ANSWERS = new Set([502, 503, 504]);
+
+/**
  * How long to wait before attempt `attempt` (1 = the first retry): the server's Retry-After
  * (seconds or an HTTP date) when it sent one, else exponential backoff with full jitter.
  */

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { connect, createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -173,8 +173,10 @@ describe('the keyfleet CLI', () => {
     for (const line of failing) lines[line - 1] = 'kf:v1:AAAA';
     writeFileSync(path('cut.enc'), lines.join('\n') + '\n');
     // A proxy to the API that cuts the first results download after 300 KB of its answer
-    // (about 7,000 of the 20,000 lines: past the CLI's first write of 4,096).
+    // (about 7,000 of the 20,000 lines: past the CLI's first write of 4,096), then answers the
+    // second 502, as a gateway does while the API behind it restarts.
     let cuts = 0;
+    let gatewayAnswers = 0;
     const sockets = new Set<Socket>();
     const proxy = createTcpServer((client) => {
       const upstream = connect(Number(new URL(url).port), '127.0.0.1');
@@ -182,7 +184,14 @@ describe('the keyfleet CLI', () => {
       let cutting = false;
       let answered = 0;
       client.on('data', (d: Buffer) => {
-        if (cuts === 0 && /^GET \/v1\/batches\/[^/]+\/results/.test(d.toString('latin1'))) cutting = true;
+        const results = /^GET \/v1\/batches\/[^/]+\/results/.test(d.toString('latin1'));
+        if (results && cuts === 1 && gatewayAnswers === 0) {
+          gatewayAnswers++;
+          client.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+          upstream.destroy();
+          return;
+        }
+        if (results && cuts === 0) cutting = true;
         upstream.write(d);
       });
       upstream.on('data', (d: Buffer) => {
@@ -202,7 +211,9 @@ describe('the keyfleet CLI', () => {
       const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'cut.enc', '--out', 'cut.dec'], { KEYFLEET_URL: `http://127.0.0.1:${(proxy.address() as { port: number }).port}` });
       expect(code, stderr).toBe(2);
       expect(cuts).toBe(1);
+      expect(gatewayAnswers).toBe(1);
       expect(stderr).toMatch(/keyfleet: download interrupted after [\d,]+ results \(.*\); resuming/);
+      expect(stderr).toMatch(/keyfleet: download interrupted after [\d,]+ results \(KF_UNEXPECTED_ANSWER \(HTTP 502\): Bad Gateway\); resuming/);
       const reported = [...stderr.matchAll(/^line (\d+): KF_DECRYPT_FAILED/gm)].map((m) => Number(m[1]));
       expect(reported).toEqual(failing);
       expect(stderr).toContain('19,980 of 20,000 items decrypted');
@@ -221,6 +232,10 @@ describe('the keyfleet CLI', () => {
     const { code, stderr } = await keyfleet(['encrypt', '--key', 'serials', '--in', 'unsent.txt', '--out', 'no-such-dir/unsent.enc']);
     expect(code).toBe(1);
     expect(stderr).toMatch(/^keyfleet: ENOENT: no such file or directory, open '.*no-such-dir\/unsent\.enc'\n$/);
+    mkdirSync(path('a-dir'));
+    const directory = await keyfleet(['encrypt', '--key', 'serials', '--in', 'unsent.txt', '--out', 'a-dir']);
+    expect(directory.code).toBe(1);
+    expect(directory.stderr).toMatch(/^keyfleet: EISDIR: illegal operation on a directory, open '.*a-dir'\n$/);
   });
 
   it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
@@ -230,6 +245,9 @@ describe('the keyfleet CLI', () => {
     expect(stderr).toContain('keyfleet: line 3 of latin1.txt is not UTF-8 text; give such items as base64 in an NDJSON file (--ndjson --encoding base64)\n');
     expect(stderr).not.toContain('accepted');
     expect(existsSync(path('latin1.enc'))).toBe(false);
+    const damaged = await keyfleet(['decrypt', '--key', 'serials', '--in', 'latin1.txt', '--out', 'latin1.dec']);
+    expect(damaged.code).toBe(1);
+    expect(damaged.stderr).toContain('keyfleet: line 3 of latin1.txt is not UTF-8 text; no ciphertext holds such bytes: the file is damaged\n');
   });
 
   it('leaves the line of a plaintext with a line break empty in plain output, and counts it failed; --ndjson keeps it', async () => {
