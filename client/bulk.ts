@@ -190,7 +190,8 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
           } else {
             buffer += (options.ndjson ? JSON.stringify(value) : value) + '\n';
           }
-          if (++pending >= 4096) {
+          // Written every 4,096 lines or 1 MB, whichever comes first: lines of large items add up.
+          if (++pending >= 4096 || buffer.length >= 1_048_576) {
             await write(out, buffer);
             written += pending;
             buffer = '';
