@@ -1,5 +1,5 @@
-import { createWriteStream, type WriteStream } from 'node:fs';
-import { open, rm, stat } from 'node:fs/promises';
+import { createWriteStream, statSync, unlinkSync, type WriteStream } from 'node:fs';
+import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
@@ -50,16 +50,27 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   if (!options.resume && !options.in) throw new Error('--in FILE is required (or --resume BATCH_ID)');
   // Opened first, without truncating it (it may be the input): a path that cannot be written
   // fails now, not after the whole batch has run. A file made here goes again if the run fails
-  // before writing to it (what a failed download wrote stays, for --resume).
+  // or is interrupted (Ctrl-C ends the process) before writing to it; what a failed download
+  // wrote stays, for --resume.
   const found = await stat(options.out).catch(() => undefined);
   // (Not a named pipe or a device: opening and closing one would end its reader's input.)
   if (!found || !(found.isFIFO() || found.isCharacterDevice() || found.isSocket())) await (await open(options.out, 'a')).close();
-  const existed = found !== undefined;
+  const dropIfEmpty = (): void => {
+    try {
+      if (statSync(options.out).size === 0) unlinkSync(options.out);
+    } catch {
+      // gone already
+    }
+  };
+  if (found) return bulk(client, options);
+  process.once('exit', dropIfEmpty);
   try {
     return await bulk(client, options);
   } catch (err) {
-    if (!existed && (await stat(options.out).then((s) => s.size === 0, () => false))) await rm(options.out, { force: true });
+    dropIfEmpty();
     throw err;
+  } finally {
+    process.off('exit', dropIfEmpty);
   }
 }
 

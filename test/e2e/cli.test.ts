@@ -103,6 +103,7 @@ describe('the keyfleet CLI', () => {
       expect(uploading.code).toBe(130);
       expect(uploading.stderr).toContain('keyfleet: interrupted before the service accepted the upload; no batch was made\n');
       expect(uploading.stderr).not.toContain('--resume');
+      expect(existsSync(path('two.enc'))).toBe(false); // made for the run, nothing written: gone again
 
       acceptUploads = true;
       const running = await interruptAfter(/^GET \/v1\/batches\/Ab12Cd34Ef56Gh78\/events$/, encrypt);
