@@ -10,7 +10,7 @@ import { truncate } from 'node:fs/promises';
  * encrypted as other text than the file holds.
  */
 export async function* readLines(path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
-  let carry: Buffer = Buffer.alloc(0); // the bytes of a line not ended yet
+  let carry: Buffer[] = []; // the bytes of a line not ended yet, joined once it ends
   let bytesRead = 0;
   let lineNo = 0;
   for await (const read of createReadStream(path, { highWaterMark: 256 * 1024 })) {
@@ -20,18 +20,18 @@ export async function* readLines(path: string, onBytes?: (bytesRead: number) => 
     // A newline byte is never part of another UTF-8 character, so whole lines decode alone.
     const lastBreak = piece.lastIndexOf(10);
     if (lastBreak === -1) {
-      carry = carry.length ? Buffer.concat([carry, piece]) : piece;
+      carry.push(piece);
       continue;
     }
-    const whole = carry.length ? Buffer.concat([carry, piece.subarray(0, lastBreak + 1)]) : piece.subarray(0, lastBreak + 1);
-    carry = piece.subarray(lastBreak + 1);
+    const whole = carry.length ? Buffer.concat([...carry, piece.subarray(0, lastBreak + 1)]) : piece.subarray(0, lastBreak + 1);
+    carry = lastBreak + 1 < piece.length ? [piece.subarray(lastBreak + 1)] : [];
     const text = decodeLines(whole, path, lineNo);
     for (let start = 0, at = text.indexOf('\n'); at !== -1; start = at + 1, at = text.indexOf('\n', start)) {
       lineNo++;
       yield text.slice(start, at);
     }
   }
-  if (carry.length) yield decodeLines(carry, path, lineNo);
+  if (carry.length) yield decodeLines(Buffer.concat(carry), path, lineNo);
 }
 
 /** A line of an input file that is not UTF-8 text. */
@@ -47,16 +47,14 @@ export class NotUtf8Error extends Error {
 /** `bytes` (whole lines) as text; a line that is not UTF-8 is named (`before`: the lines before these). */
 function decodeLines(bytes: Buffer, path: string, before: number): string {
   if (isUtf8(bytes)) return bytes.toString('utf8');
-  {
-    let line = before + 1;
-    for (let start = 0; start < bytes.length; line++) {
-      const end = bytes.indexOf(10, start);
-      const stop = end === -1 ? bytes.length : end;
-      if (!isUtf8(bytes.subarray(start, stop))) break;
-      start = stop + 1;
-    }
-    throw new NotUtf8Error(path, line);
+  let line = before + 1;
+  for (let start = 0; start < bytes.length; line++) {
+    const end = bytes.indexOf(10, start);
+    const stop = end === -1 ? bytes.length : end;
+    if (!isUtf8(bytes.subarray(start, stop))) break;
+    start = stop + 1;
   }
+  throw new NotUtf8Error(path, line);
 }
 
 /**
