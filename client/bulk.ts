@@ -62,12 +62,11 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
       // gone already
     }
   };
-  if (found) return bulk(client, options);
-  process.once('exit', dropIfEmpty);
+  if (!found) process.once('exit', dropIfEmpty);
   try {
     return await bulk(client, options);
   } catch (err) {
-    dropIfEmpty();
+    if (!found) dropIfEmpty();
     throw err;
   } finally {
     process.off('exit', dropIfEmpty);

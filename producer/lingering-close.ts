@@ -6,7 +6,6 @@ import { KeyfleetError } from '../shared/errors.js';
 /** How long a connection answered before its body ended goes on reading, and dropping, what still arrives. */
 export const LINGER_MS = 2_000;
 
-const lingering = new WeakSet<IncomingMessage>();
 /** Connections answered with `connection: close`, lingering: no further request on them runs. */
 const closing = new WeakSet<Socket>();
 
@@ -37,8 +36,7 @@ export const refuseOnClosingConnection: onRequestHookHandler = (request, _reply,
 export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS): void {
   const socket = request.socket as Socket | undefined;
   // A request made in-process (fastify's inject) has no socket of its own to close.
-  if (lingering.has(request) || typeof socket?.destroySoon !== 'function') return;
-  lingering.add(request);
+  if (typeof socket?.destroySoon !== 'function' || closing.has(socket)) return;
   closing.add(socket);
   // The rest of the body is dropped from here on. A route may still hold a reader on it (an
   // upload's iterator, which leaves the request paused once its buffer is full): that read is
