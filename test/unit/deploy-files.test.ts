@@ -158,6 +158,25 @@ describe('deploy/Dockerfile', () => {
     }
   });
 
+  it('fails its build stage, right after npm ci, when the native kernel did not build', () => {
+    // The install script falls back to node:crypto, so npm ci succeeds without the addon.
+    const ci = instructions.findIndex((l) => /^RUN\s+npm ci\b/.test(l));
+    const check = instructions[ci + 1] ?? '';
+    expect(check, 'the instruction after npm ci').toMatch(/^RUN\s.*keyfleet_kernel\.node/);
+    const run = (cwd: string) => spawnSync('sh', ['-c', check.replace(/^RUN\s+/, '')], { cwd, encoding: 'utf8' });
+    const dir = mkdtempSync(join(tmpdir(), 'keyfleet-image-'));
+    try {
+      expect(run(dir).status, 'without the addon').not.toBe(0);
+      if (existsSync(resolve(root, 'build/Release/keyfleet_kernel.node'))) {
+        cpSync(resolve(root, 'build/Release/keyfleet_kernel.node'), join(dir, 'build/Release/keyfleet_kernel.node'));
+        const built = run(dir);
+        expect(built.status, built.stderr).toBe(0);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('runs the final stage as a user that is not root', () => {
     const lastFrom = instructions.findLastIndex((l) => /^FROM\s/i.test(l));
     const users = instructions.slice(lastFrom).filter((l) => /^USER\s/i.test(l));
