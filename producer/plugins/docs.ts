@@ -28,7 +28,28 @@ export const docsPlugin = fp(async (app: FastifyInstance, { version }: { version
       security: [{ bearer: [] }],
     },
     transform: (input) => (input.url.startsWith('/admin') ? { schema: { ...input.schema, hide: true }, url: input.url } : jsonSchemaTransform(input)),
-    transformObject: jsonSchemaTransformObject,
+    transformObject: (input) => typedNullables(jsonSchemaTransformObject(input)),
   });
   await app.register(swaggerUi, { routePrefix: DOCS_PATH });
 });
+
+/**
+ * OpenAPI 3.0 reads `nullable` only beside a `type` (3.0.3, Schema Object). zod writes a union
+ * with null as `anyOf` (or `oneOf`) with `nullable: true` and no type, which tools and generated
+ * clients then read as not nullable; null becomes a member of the union of its own instead.
+ */
+function typedNullables<T>(document: T): T {
+  const visit = (node: unknown): void => {
+    if (Array.isArray(node)) return node.forEach(visit);
+    if (node === null || typeof node !== 'object') return;
+    const schema = node as Record<string, unknown>;
+    Object.values(schema).forEach(visit);
+    const members = schema['anyOf'] ?? schema['oneOf'];
+    if (schema['nullable'] === true && schema['type'] === undefined && Array.isArray(members)) {
+      delete schema['nullable'];
+      members.push({ type: 'string', nullable: true, enum: [null] });
+    }
+  };
+  visit(document);
+  return document;
+}
