@@ -89,7 +89,11 @@ return 1`;
 /**
  * KEYS meta, input, result, done, backlog, staged · ARGV chunk, count, succeeded, failed, ttl,
  * now, channel, openTtl, chunkTtl, base. The run's results were SET at `staged` just before;
- * the first run of a chunk renames them into place, any other run's are dropped.
+ * the first run of a chunk renames them into place, any other run's are dropped. A batch
+ * completes only once every chunk is counted, so a run finishing after that is a rerun, even
+ * when a DELETE has taken the done bits since. Redis keeps what a script did before an error:
+ * staged results that are not there (their SET refused, or lost in a failover) return -3
+ * before anything is marked, and the chunk runs again.
  */
 const COMPLETE_CHUNK = `
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -99,7 +103,9 @@ if not status then
   return -1
 end
 if status == 'cancelled' or status == 'failed' then redis.call('UNLINK', KEYS[6]) return -2 end
-if redis.call('SETBIT', KEYS[4], ARGV[1], 1) == 1 then redis.call('UNLINK', KEYS[6]) return 0 end
+if status == 'completed' or redis.call('GETBIT', KEYS[4], ARGV[1]) == 1 then redis.call('UNLINK', KEYS[6]) return 0 end
+if redis.call('EXISTS', KEYS[6]) == 0 then return -3 end
+redis.call('SETBIT', KEYS[4], ARGV[1], 1)
 redis.call('RENAME', KEYS[6], KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[9])
 redis.call('UNLINK', KEYS[2])

@@ -243,6 +243,7 @@ export class BatchStore {
         .kfChunkComplete(k.batch(id), k.batchInput(id, chunk), k.batchResult(id, chunk), k.batchDone(id), k.backlogItems(), staged,
           chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id), this.#openTtl, this.#chunkTtl, k.batch(id)),
     );
+    if (result === -3) throw new Error(`chunk ${chunk}: its results were not stored before its completion (a refused or lost write); it runs again`);
     return COMPLETION[String(result)] ?? 'progress';
   }
 

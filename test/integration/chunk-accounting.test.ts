@@ -103,6 +103,38 @@ describe('chunk accounting', () => {
     expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
   });
 
+  it('a completion whose results were not stored (their write refused or lost) marks nothing, and the chunk counts when it runs again', async () => {
+    const id = await batchWithChunks(1);
+    await store.seal(id);
+    // The script as completeChunk sends it, after a SET of the staged results that did not take.
+    const missing = keys.batchStaged(id, 0, 'lost');
+    const completion = await redis.kfChunkComplete(keys.batch(id), keys.batchInput(id, 0), keys.batchResult(id, 0), keys.batchDone(id), keys.backlogItems(), missing,
+      0, 10, 10, 0, 600, new Date().toISOString(), keys.batchEvents(id), 3600, 3600, keys.batch(id));
+    expect(completion).toBe(-3);
+    expect(await redis.getbit(keys.batchDone(id), 0)).toBe(0);
+    // The job runs again: its input is still there, and this time the chunk counts.
+    expect(Buffer.isBuffer(await store.startChunk(id, 0, 10))).toBe(true);
+    expect(await store.completeChunk(id, 0, outcome(10, 'again\n'))).toBe('completed');
+    expect((await store.get(id))!).toMatchObject({ status: 'completed', processed: 10 });
+    expect((await store.readResults(id, 0))!.toString()).toBe('again\n');
+  });
+
+  it('a run that finishes after its batch completed and was deleted counts nothing and brings no results back', async () => {
+    const id = await batchWithChunks(2);
+    await store.seal(id);
+    const backlog = Number(await redis.get(keys.backlogItems()));
+    // Two runs of chunk 1 hold its input: the job was taken again after its lock was lost.
+    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10))).toBe(true);
+    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10))).toBe(true);
+    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('completed');
+    expect(await store.cancel(id)).toBe(false); // DELETE of a completed batch: its results go
+    expect(await store.completeChunk(id, 1, outcome(10, 'late\n'))).toBe('duplicate');
+    expect((await store.get(id))!).toMatchObject({ status: 'completed', deleted: true, total: 20, processed: 20 });
+    expect(Number(await redis.get(keys.backlogItems()))).toBe(backlog - 20);
+    expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
+  });
+
   it('chunks stored out of order (writes in flight together) are all deleted when the batch is cancelled or fails', async () => {
     for (const end of ['cancel', 'fail'] as const) {
       const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
