@@ -78,6 +78,7 @@ export class BatchStore {
   readonly #openTtl: number;
   readonly #chunkTtl: number;
   readonly #leaseMs: number;
+  readonly #keepAliveMs: number;
   readonly #sealer: AtRestSealer;
 
   constructor(redis: Redis, keys: RedisKeys, { resultTtlSeconds, openBatchTtlSeconds, uploadIdleSeconds, sealer }: BatchStoreOptions) {
@@ -88,7 +89,12 @@ export class BatchStore {
     // Longer than the record's: a queued chunk whose batch record expired still finds its input,
     // and by deleting it takes its items out of the backlog (batch-scripts.ts, Lifetimes).
     this.#chunkTtl = 2 * this.#openTtl;
-    this.#leaseMs = uploadIdleSeconds * 1000;
+    // An upload renews its lease as pieces of its body arrive, at most every keepAliveMs, and
+    // the pieces may come up to UPLOAD_IDLE_SECONDS apart: the lease outlasts both together,
+    // with a renewal to spare, or a live upload that paused could count as abandoned.
+    const idleMs = uploadIdleSeconds * 1000;
+    this.#keepAliveMs = Math.min(10_000, idleMs / 3);
+    this.#leaseMs = idleMs + 2 * this.#keepAliveMs;
     this.#sealer = sealer;
     defineBatchScripts(redis);
   }
@@ -150,9 +156,9 @@ export class BatchStore {
     if (added !== 1) throw new KeyfleetError('KF_UPLOAD_ABORTED', ENDED_DURING_UPLOAD);
   }
 
-  /** How often an upload should renew its lease: well inside it. */
+  /** How often an upload renews its lease, at most. */
   get keepAliveMs(): number {
-    return Math.min(10_000, this.#leaseMs / 3);
+    return this.#keepAliveMs;
   }
 
   /** Renews the upload's lease while a slow body is still arriving. */

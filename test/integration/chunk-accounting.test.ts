@@ -226,6 +226,21 @@ describe('a reply lost on the way back (ioredis sends the command again)', () =>
   });
 });
 
+describe('an upload in progress', () => {
+  it('holds its lease through the longest wait between renewals: a pause of UPLOAD_IDLE_SECONDS after a piece that did not renew', async () => {
+    // Pieces renew the lease at most every keepAliveMs, and may come UPLOAD_IDLE_SECONDS apart.
+    const longestWait = 60 * 1000 + store.keepAliveMs;
+    const id = await store.create({ tenant: 'lease', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
+    expect(await redis.pttl(keys.batchUpload(id))).toBeGreaterThan(longestWait);
+    await store.addChunk(id, 0, Buffer.from('input-0'), 10);
+    expect(await redis.pttl(keys.batchUpload(id))).toBeGreaterThan(longestWait);
+    await store.touchUpload(id);
+    expect(await redis.pttl(keys.batchUpload(id))).toBeGreaterThan(longestWait);
+    expect(await store.failIfAbandoned(id)).toBe(false);
+    await store.cancel(id);
+  });
+});
+
 describe('backlog', () => {
   it('counts items stored and not yet processed, and returns to zero when batches complete, fail or are cancelled', async () => {
     const own = new BatchStore(redis, new RedisKeys(`{kft-backlog-${Date.now()}}`), { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer });
