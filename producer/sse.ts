@@ -66,7 +66,11 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
     }
   };
 
+  // A client may have gone while the batch was read (a slow Redis): its 'close' came before
+  // these listeners, and the stream would go on polling and listening for a dead socket.
   request.raw.on('close', end);
+  res.on('close', end);
+  if (res.destroyed || request.raw.socket.destroyed) return end();
   // The poll starts at once and does not wait for the SUBSCRIBE: a Redis that does not answer it
   // must not hold the stream (the poll's own read fails, and the stream ends); one that refuses
   // it leaves the stream on the poll alone.

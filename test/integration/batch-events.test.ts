@@ -1,5 +1,6 @@
 import { Redis } from 'ioredis';
 import { once } from 'node:events';
+import { request } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { afterAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../producer/app.js';
@@ -46,6 +47,30 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
     await Promise.resolve();
     expect(ended).toEqual(['early', 'late']);
     await events.close();
+  });
+
+  it('an SSE stream whose client left while the batch was being read (Redis slow) does not stay subscribed', async () => {
+    const app = await buildApp({ config: configFrom(env) });
+    try {
+      const client = new Client(await app.listen({ host: '127.0.0.1', port: 0 }), admin.token);
+      expect((await client.json('POST', '/v1/keys/leavers')).status).toBe(201);
+      const { body } = await client.uploadNdjson('encrypt', 'leavers', ['left-early']); // no worker: it stays queued
+      const channel = keys.batchEvents(body.batchId);
+      await publisher.call('CLIENT', 'PAUSE', '700', 'ALL');
+      // The stream is asked for while Redis answers nothing, and the client is gone before it does.
+      const req = request(`${client.base}/v1/batches/${body.batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` }, agent: false });
+      req.on('error', () => {}).end();
+      await new Promise((resolve) => setTimeout(resolve, 150));
+      req.destroy();
+      // Once Redis answers again the handler goes on; nobody is there to listen to.
+      for (let i = 0; i < 30; i++) {
+        const [, listeners] = (await publisher.call('PUBSUB', 'NUMSUB', channel)) as [string, number];
+        expect(listeners).toBe(0);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    } finally {
+      await app.close();
+    }
   });
 
   it('an SSE stream whose SUBSCRIBE Redis refuses follows the batch to its end by polling, and ends at shutdown', async () => {
