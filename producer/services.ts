@@ -71,7 +71,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     webhooks,
     connectionErrors: errors,
     async close() {
-      await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.flush()]);
+      await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.close()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);
     },
   };

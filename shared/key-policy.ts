@@ -34,6 +34,7 @@ export class KeyPolicy {
   readonly #pending = new Map<string, { tenant: string; ring: KeyRing; count: number }>();
   #flushTimer: NodeJS.Timeout | undefined;
   #maxUsed = 0;
+  #closed = false;
 
   /** `errors`: where a count that could not be written is logged (every 50 ms per version while Redis is down). */
   constructor(cache: KeyCache, policy: NoncePolicy, metrics: CryptoMetrics, logger: Logger, errors: ConnectionErrorLog) {
@@ -80,7 +81,13 @@ export class KeyPolicy {
     else this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
   }
 
-  /** Writes every count gathered so far; resolves when Redis has them (or refused them, logged). */
+  /** Writes what is gathered, for the last time: a count Redis refuses now is logged as lost. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    await this.flush();
+  }
+
+  /** Writes every count gathered so far; resolves when Redis has them (or refused them: kept for the next flush). */
   async flush(): Promise<void> {
     clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
@@ -96,6 +103,17 @@ export class KeyPolicy {
       total = await this.#cache.store.countEncryptions(tenant, ring.name, version, count);
     } catch (err) {
       this.#errors.report('nonce-budget', err as Error, 'could not count encryptions');
+      // Dropped, they would let the version pass its budget unseen: kept and written with a
+      // later flush (twice, if only the reply was lost: the safe side for a nonce budget).
+      if (this.#closed) {
+        this.#logger.error({ tenant, key: ring.name, version, count }, 'encryptions left uncounted at close');
+        return;
+      }
+      const id = this.#id(tenant, ring.name, version);
+      const entry = this.#pending.get(id);
+      if (entry) entry.count += count;
+      else this.#pending.set(id, { tenant, ring, count });
+      this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
       return;
     }
     this.#counted.set(this.#id(tenant, ring.name, version), total);

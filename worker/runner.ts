@@ -108,7 +108,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
       await Promise.allSettled([...failing]);
       // After the chunks: a chunk that ended its batch has enqueued its webhook by now. A delivery
       // in flight finishes; its retries wait in Redis for another worker.
-      await Promise.all([pool.close(), webhooks.close(), webhookWorker?.close(), keyPolicy.flush()]);
+      await Promise.all([pool.close(), webhooks.close(), webhookWorker?.close(), keyPolicy.close()]);
       const closed = new Promise<void>((done) => http.server.close(() => done()));
       http.server.closeAllConnections();
       await closed;

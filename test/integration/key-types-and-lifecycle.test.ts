@@ -5,6 +5,7 @@ import { createCipheriv, randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeyStore } from '../../shared/key-store.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { bearer, testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -159,6 +160,32 @@ describe('nonce budget and automatic rotation', () => {
     await app.close();
     const hash = `${env['KEYFLEET_PREFIX']}:key:acme:gathered`;
     expect(await redis.hget(hash, 'n:1')).toBe('61');
+  });
+
+  it('keeps a count Redis refused and writes it later, so the budget misses no encryption', async () => {
+    const { env, admin } = testEnv();
+    const app = await apis.start(env);
+    await call(app, admin, 'POST', '/v1/keys/refused');
+    const { store } = app.services.keyCache;
+    let refusals = 0;
+    // Redis refuses the first two writes of a count (an own property shadows the method for this test only).
+    store.countEncryptions = async (...args) => {
+      if (refusals < 2) {
+        refusals++;
+        throw new Error('OOM command not allowed when used memory > maxmemory');
+      }
+      return KeyStore.prototype.countEncryptions.apply(store, args);
+    };
+    try {
+      await results(app, admin, 'encrypt', 'refused', { items: ['a', 'b', 'c'] });
+      await results(app, admin, 'encrypt', 'refused', { items: ['d'] });
+      const hash = `${env['KEYFLEET_PREFIX']}:key:acme:refused`;
+      for (let i = 0; i < 100 && (await redis.hget(hash, 'n:1')) !== '4'; i++) await sleep(20);
+      expect(refusals).toBe(2);
+      expect(await redis.hget(hash, 'n:1')).toBe('4');
+    } finally {
+      delete (store as Partial<typeof store>).countEncryptions;
+    }
   });
 
   it('refuses to encrypt past NONCE_LIMIT under one version (409) when rotation is left to the operator, and still decrypts', async () => {
