@@ -82,12 +82,16 @@ export class WebhookSender {
     this.#options = options;
   }
 
-  /** Enqueues the delivery for a batch that has ended (no-op without a callbackUrl); never throws. */
-  deliver(batches: BatchStore, batchId: string): void {
-    if (!this.#options.secret || this.#closing) return;
+  /**
+   * Enqueues the delivery for a batch that has ended (no-op without a callbackUrl). Never
+   * rejects: resolves once the delivery is enqueued, or its failure logged.
+   */
+  deliver(batches: BatchStore, batchId: string): Promise<void> {
+    if (!this.#options.secret || this.#closing) return Promise.resolve();
     const run = this.#enqueue(batches, batchId).catch((err: Error) => this.#options.logger.warn({ batchId, err: { message: err.message } }, 'webhook not delivered'));
     this.#inFlight.add(run);
     void run.finally(() => this.#inFlight.delete(run));
+    return run;
   }
 
   /** Waits for enqueues in progress, then closes the queue. Deliveries stay in Redis for the workers. */

@@ -21,8 +21,12 @@ export interface ProcessorDeps {
   readonly metrics: WorkerMetrics;
   /** The native result formatter where the kernel is native (lines for jobs of an earlier API). */
   readonly formatter: NativeFormatter | undefined;
-  /** Called when this chunk's completion ended its batch (its webhook goes out). */
-  readonly onBatchEnded?: (batchId: string) => void;
+  /**
+   * Called when this chunk's completion ended its batch (its webhook goes out); awaited, so the
+   * job completes only once the delivery is enqueued: a worker that died in between would leave
+   * no job whose rerun announces the end again.
+   */
+  readonly onBatchEnded?: (batchId: string) => Promise<void> | void;
 }
 
 type ChunkOutcome = Awaited<ReturnType<CryptoPool['run']>>;
@@ -50,16 +54,16 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     if (!Buffer.isBuffer(input)) {
       // Counted already (a rerun), the batch cancelled or failed, or gone (expired or deleted
       // under this job: startChunk took its items out of the backlog), or its input expired.
-      metrics.chunks.inc({ outcome: 'skipped' });
+      metrics.chunks.inc({ outcome: input === 'duplicate' ? 'duplicate' : 'skipped' });
       if (input === 'input-lost') {
         metrics.batches.inc({ event: 'failed' });
         log.warn('chunk input expired before it ran; batch failed');
-        onBatchEnded?.(data.batchId);
+        await onBatchEnded?.(data.batchId);
       } else {
         log.debug({ completion: input }, 'nothing to run for this chunk');
         // Counted already, maybe by a run that completed the batch and never heard so (the
         // worker died after the script): announced again; the webhook still goes out once.
-        if (input === 'duplicate') onBatchEnded?.(data.batchId);
+        if (input === 'duplicate') await onBatchEnded?.(data.batchId);
       }
       return { chunk: data.chunk, count: 0, completion: input };
     }
@@ -104,11 +108,11 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     if (completion === 'completed') {
       metrics.batches.inc({ event: 'completed' });
       log.info({ op: data.op }, 'batch completed');
-      onBatchEnded?.(data.batchId);
+      await onBatchEnded?.(data.batchId);
     } else if (completion === 'duplicate') {
       log.info('chunk already counted; this run discarded');
       // Maybe by this job's own run, whose reply was lost: announced again, as above.
-      onBatchEnded?.(data.batchId);
+      await onBatchEnded?.(data.batchId);
     }
     return { chunk: data.chunk, count: outcome.count, completion };
   };

@@ -275,14 +275,35 @@ describe('the chunk processor', () => {
     const ended: string[] = [];
     // Nothing runs for a chunk counted already: no key, no thread.
     const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
+    const registry = new Registry();
     const processChunk = createChunkProcessor({
       batches: store, keyCache: unused, keyPolicy: unused, pool: unused, formatter: undefined, maxItemBytes: 1024,
       logger: createLogger({ level: 'silent', name: 'test' }),
-      metrics: new WorkerMetrics(new Registry(), { busySeconds: 0, queueSize: 0, threads: 1 }),
-      onBatchEnded: (batchId) => ended.push(batchId),
+      metrics: new WorkerMetrics(registry, { busySeconds: 0, queueSize: 0, threads: 1 }),
+      onBatchEnded: (batchId) => void ended.push(batchId),
     });
     const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
     expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
     expect(ended).toEqual([id]);
+    // Counted as the rerun it is, not as a chunk of a batch that ended.
+    expect(await registry.metrics()).toMatch(/keyfleet_chunks_total\{outcome="duplicate"[^}]*\} 1/);
+  });
+
+  it('finishes a chunk that ended its batch only once the batch’s webhook is enqueued', async () => {
+    const id = await batchWithChunks(1);
+    await store.seal(id);
+    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    let enqueued = false;
+    const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
+    const processChunk = createChunkProcessor({
+      batches: store, keyCache: unused, keyPolicy: unused, pool: unused, formatter: undefined, maxItemBytes: 1024,
+      logger: createLogger({ level: 'silent', name: 'test' }),
+      metrics: new WorkerMetrics(new Registry(), { busySeconds: 0, queueSize: 0, threads: 1 }),
+      // The enqueue takes a Redis round trip or two: a job marked done before it could lose the webhook.
+      onBatchEnded: () => new Promise<void>((resolve) => setTimeout(() => resolve(void (enqueued = true)), 50)),
+    });
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
+    expect(enqueued).toBe(true);
   });
 });
