@@ -67,6 +67,14 @@ describe('tokens', () => {
     expect(() => parseTokens('acme:aaaaaaaaaaaaaaaa:encrypt+root')).toThrow(/unknown scope "root"/);
   });
 
+  it('refuses a token longer than the API reads (512 characters), without showing it', () => {
+    const tooLong = `tok_${'x'.repeat(505)}`.padEnd(513, 'y');
+    const error = (() => { try { loadConfig({ KEYFLEET_TOKENS: `acme:aaaaaaaaaaaaaaaa,globex:${tooLong}` }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(error).toMatch(/KEYFLEET_TOKENS: entry 2 \(tenant globex\): expected a token of at most 512 characters, got 513/);
+    expect(error).not.toContain('xxxxxxxx');
+    expect(parseTokens(`globex:${tooLong.slice(0, 512)}`)[0]?.token).toHaveLength(512);
+  });
+
   it('verifies the right token only', () => {
     const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb'));
     expect(verifier.verify('bbbbbbbbbbbbbbbb')?.tenant).toBe('globex');
