@@ -19,7 +19,8 @@ const VALID_KEY = /^[\x20-\x7e]{1,255}$/;
  * A claimed key whose request is still running stays claimed this long unless renewed: a crashed
  * API frees it in time, and a long upload renews it (BatchIntake's keep-alive) as its body
  * arrives. An upload may wait UPLOAD_IDLE_SECONDS between pieces, so a claim lasts at least
- * twice that (pendingMs).
+ * twice that (pendingMs): at most about 2^32 ms, past Node's timers' 2^31−1 ms, but it is only
+ * ever a Redis PX, never a timer.
  */
 const PENDING_MS = 120_000;
 export const pendingMs = (uploadIdleSeconds: number): number => Math.max(PENDING_MS, 2_000 * uploadIdleSeconds);

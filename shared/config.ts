@@ -5,6 +5,19 @@ import { parseTokens, type TokenEntry } from './tokens.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
 
+/**
+ * Node's timers count milliseconds in a signed 32-bit integer: a longer delay fires after 1 ms
+ * instead (TimeoutOverflowWarning), so "a huge value to turn it off" would fire at once.
+ */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+/** A duration in milliseconds that ends up in a timer (setTimeout, BullMQ's lock and stall timers). */
+const timerMs = (min: number) => z.coerce.number().int().min(min).max(MAX_TIMER_MS, `expected at most ${MAX_TIMER_MS} ms (2^31−1, the longest delay of Node's timers)`);
+/** A duration in seconds that ends up in a timer as seconds × 1000. */
+const timerSeconds = (min: number) => {
+  const max = Math.floor(MAX_TIMER_MS / 1000);
+  return z.coerce.number().int().min(min).max(max, `expected at most ${max} s (about 24.8 days: 2^31−1 ms, the longest delay of Node's timers)`);
+};
+
 const masterKey = z
   .string()
   .transform((value, ctx) => {
@@ -55,8 +68,11 @@ const envSchema = z.object({
   /** Chunks one worker process holds at once; more than the thread count so Redis I/O overlaps crypto. */
   WORKER_CONCURRENCY: int(1, 1024).optional(),
   RESULT_TTL_SECONDS: int(60).default(86_400),
-  /** BullMQ lock on a chunk; a worker that dies loses its chunks to another after about this long. */
-  JOB_LOCK_MS: int(1000).default(30_000),
+  /**
+   * BullMQ lock on a chunk; a worker that dies loses its chunks to another after about this long.
+   * Also BullMQ's stalled-check interval, a timer: at most 2^31−1 ms.
+   */
+  JOB_LOCK_MS: timerMs(1000).default(30_000),
   JOB_ATTEMPTS: int(1, 100).default(5),
   /** How long a process trusts its cached key versions before it looks for a rotation. */
   KEY_CACHE_TTL_MS: int(0).default(2_000),
@@ -77,9 +93,11 @@ const envSchema = z.object({
   MAX_BACKLOG_ITEMS: int(1).default(20_000_000),
   /**
    * An upload that sends nothing for this long is abandoned (its client or API died): its batch
-   * fails as KF_UPLOAD_ABORTED and frees its tenant's slot, instead of staying queued.
+   * fails as KF_UPLOAD_ABORTED and frees its tenant's slot, instead of staying queued. A timer
+   * on every request body, so at most 2,147,483 s. (Idempotency claims last twice it, up to
+   * 2^32 ms, but as a Redis PX, not a timer: pendingMs.)
    */
-  UPLOAD_IDLE_SECONDS: int(3).default(60),
+  UPLOAD_IDLE_SECONDS: timerSeconds(3).default(60),
   /** Sync crypto requests per second per tenant, counted in Redis so replicas share it; 0 turns it off. */
   SYNC_RATE_LIMIT: int(0).default(5_000),
   /** Signs webhooks (HMAC-SHA256); API and workers need the same one. Unset: callbackUrl is refused. */
@@ -111,9 +129,10 @@ const envSchema = z.object({
   /**
    * How long a worker told to stop (SIGTERM, SIGINT) may take to finish the chunks in hand
    * before it exits anyway (exit 1), as when Redis is unreachable and no chunk can be stored:
-   * those chunks are retaken after JOB_LOCK_MS. Below compose's 60 s stop grace period.
+   * those chunks are retaken after JOB_LOCK_MS. Below compose's 60 s stop grace period. A
+   * timer, so at most 2,147,483 s.
    */
-  WORKER_DRAIN_SECONDS: int(1).default(50),
+  WORKER_DRAIN_SECONDS: timerSeconds(1).default(50),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
   WORKER_METRICS_PORT: int(0, 65535).default(9464),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */

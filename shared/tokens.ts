@@ -19,6 +19,9 @@ export interface Principal {
 
 const NAME = /^[A-Za-z0-9._-]{1,64}$/;
 
+/** The longest token: the API reads at most this many characters after `Bearer ` (auth plugin). */
+export const MAX_TOKEN_LENGTH = 512;
+
 /** Parses `tenant:token[:scope+scope…]` entries separated by commas. Errors never echo a token. */
 export function parseTokens(spec: string): TokenEntry[] {
   const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
@@ -26,6 +29,10 @@ export function parseTokens(spec: string): TokenEntry[] {
     const [tenant, token, scopeList, extra] = entry.split(':');
     if (!tenant || !NAME.test(tenant)) throw new Error(`entry ${index + 1}: expected a tenant name of [A-Za-z0-9._-], 1-64 characters`);
     if (!token || token.length < 16) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at least 16 characters`);
+    // A longer one could never authenticate. Its length, not its content, goes in the message.
+    if (token.length > MAX_TOKEN_LENGTH) {
+      throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
+    }
     if (extra !== undefined) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected tenant:token[:scope+scope], got more fields`);
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
     for (const s of scopes) {

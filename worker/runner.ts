@@ -1,4 +1,5 @@
 import { UnrecoverableError, Worker } from 'bullmq';
+import type { Registry } from 'prom-client';
 import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
@@ -32,10 +33,20 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const redis = createRedis(config, { role: 'worker', errors });
   const keys = new RedisKeys(config.prefix);
   const masterKey = requireMasterKey(config);
+  const registry = createRegistry('worker');
+  // Ready from "worker started" until close(). A connection that is not up answers at once: the
+  // client would queue the PING until Redis is back.
+  let taking = false;
+  const ready = async (): Promise<boolean> => taking && redis.status === 'ready' && (await redis.ping()) === 'PONG';
+  // Bound before the pool starts and the queue is read: a worker that cannot have its port
+  // (another worker on this host holds it) stops before it takes a chunk, not with chunks in hand.
+  const http = await listenForProbes(config, registry, ready).catch((err: unknown) => {
+    redis.disconnect();
+    throw err;
+  });
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey)), config.keyCacheTtlMs);
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, priority: config.workerPriority });
-  const registry = createRegistry('worker');
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
   const webhookOptions = { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger };
@@ -87,14 +98,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   });
   worker.on('error', (err) => errors.report('worker', err, 'worker error'));
 
-  let draining = false;
-  const http = await startWorkerHttp({
-    host: config.host,
-    port: config.workerMetricsPort,
-    registry,
-    // A connection that is not up answers at once: the client would queue the PING until Redis is back.
-    ready: async () => !draining && redis.status === 'ready' && (await redis.ping()) === 'PONG',
-  });
+  taking = true;
   logger.info(
     { threads: pool.threads, kernel: resolveKernel(config.kernel), ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
     'worker started',
@@ -103,7 +107,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   return {
     metricsPort: http.port,
     async close() {
-      draining = true;
+      taking = false;
       await worker.close();
       await Promise.allSettled([...failing]);
       // After the chunks: a chunk that ended its batch has enqueued its webhook by now. A delivery
@@ -115,4 +119,22 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
       await Promise.allSettled([redis.quit(), worker.disconnect()]);
     },
   };
+}
+
+/**
+ * The worker's /metrics, /healthz, /readyz server on HOST:WORKER_METRICS_PORT. A port already
+ * taken is most often a second worker on the same host: the error says which setting to change.
+ */
+async function listenForProbes(config: Config, registry: Registry, ready: () => Promise<boolean>) {
+  try {
+    return await startWorkerHttp({ host: config.host, port: config.workerMetricsPort, registry, ready });
+  } catch (err) {
+    const where = `port ${config.workerMetricsPort} on ${config.host}`;
+    throw new Error(
+      (err as NodeJS.ErrnoException).code === 'EADDRINUSE'
+        ? `WORKER_METRICS_PORT: ${where} is in use: each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one`
+        : `WORKER_METRICS_PORT: the worker's metrics server cannot listen on ${where} (HOST): ${(err as Error).message}`,
+      { cause: err },
+    );
+  }
 }

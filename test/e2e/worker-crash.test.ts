@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
 import { freePort } from '../helpers/net.js';
-import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+import { runEntry, startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // One thread, one chunk at a time, small chunks: the batch is long enough to be caught mid-way.
 // A short lock lets the replacement worker reclaim the dead worker's chunk within seconds.
@@ -77,5 +77,19 @@ describe('worker fleet', { timeout: 300_000 }, () => {
     expect(await client.waitForBatch(id)).toMatchObject({ status: 'completed', processed: 100_000, succeeded: 100_000 });
     const lines = await client.results(id);
     expect(lines.map((l) => l.i)).toEqual(Array.from({ length: 100_000 }, (_, i) => i));
+  });
+
+  it('a second worker on a host whose metrics port the first holds exits 1 naming WORKER_METRICS_PORT, and the first keeps serving', async () => {
+    const first = await startWorker(env);
+    processes.push(first);
+    const port = (JSON.parse(await first.waitFor(/"msg":"worker started"/)) as { metricsPort: number }).metricsPort;
+    const second = runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info', WORKER_METRICS_PORT: String(port) });
+    processes.push(second);
+    expect(await second.exited).toBe(1);
+    const output = second.lines.join('\n');
+    expect(output).toContain(`WORKER_METRICS_PORT: port ${port} on 127.0.0.1 is in use`);
+    expect(output).toContain('each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one');
+    expect(second.lines.some((l) => l.includes('"msg":"worker started"'))).toBe(false);
+    expect((await fetch(`http://127.0.0.1:${port}/healthz`)).status).toBe(200);
   });
 });

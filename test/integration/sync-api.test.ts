@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
+import { randomBytes } from 'node:crypto';
 import { Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../shared/logger.js';
@@ -131,6 +132,19 @@ describe('auth and input errors', () => {
     const denied = await post('/v1/decrypt/licences', { items: ['a'] }, encryptOnly);
     expect(denied.statusCode).toBe(403);
     expect(denied.json().error.code).toBe('KF_FORBIDDEN');
+  });
+
+  it('authenticates a token of the longest length KEYFLEET_TOKENS accepts (512 characters)', async () => {
+    const longest = { tenant: 'acme', token: `tok_${randomBytes(254).toString('hex')}` };
+    expect(longest.token).toHaveLength(512);
+    const longApp = await buildApp({ config: configFrom({ ...env, KEYFLEET_TOKENS: `${env['KEYFLEET_TOKENS']},${longest.tenant}:${longest.token}:keys` }) });
+    try {
+      const res = await longApp.inject({ method: 'POST', url: '/v1/keys/longest-token', headers: bearer(longest) });
+      expect(res.statusCode, res.body).toBe(201);
+      expect((await longApp.inject({ method: 'GET', url: '/v1/keys/longest-token', headers: { authorization: `Bearer ${longest.token}x` } })).statusCode).toBe(401);
+    } finally {
+      await longApp.close();
+    }
   });
 
   it('answers bad bodies with a 4xx and a stable code', async () => {

@@ -41,6 +41,18 @@ describe('configuration', () => {
     expect(odd).not.toMatch(/ss\/w0rd/);
   });
 
+  it('refuses a duration that Node’s timers cannot hold (they would fire after 1 ms), naming the variable, the maximum and the value', () => {
+    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
+    for (const [name, max] of [['UPLOAD_IDLE_SECONDS', 2_147_483], ['WORKER_DRAIN_SECONDS', 2_147_483], ['JOB_LOCK_MS', 2 ** 31 - 1]] as const) {
+      expect(errorOf({ [name]: String(max + 1) })).toMatch(new RegExp(`${name}: expected at most ${max} .*\\(got "${max + 1}"\\)`));
+      expect(errorOf({ [name]: '1e12' })).toMatch(new RegExp(`${name}: expected at most ${max} `));
+      expect(errorOf({ [name]: String(max) })).toBe('');
+    }
+    // Each becomes a timer of up to 2^31−1 ms, seconds × 1000 included.
+    const longest = loadConfig({ UPLOAD_IDLE_SECONDS: '2147483', WORKER_DRAIN_SECONDS: '2147483', JOB_LOCK_MS: String(2 ** 31 - 1) });
+    for (const ms of [longest.uploadIdleSeconds * 1000, longest.workerDrainSeconds * 1000, longest.jobLockMs]) expect(ms).toBeLessThanOrEqual(2 ** 31 - 1);
+  });
+
   it('reads an empty variable as unset: its default applies, not 0', () => {
     expect(loadConfig({ PORT: '', SYNC_RATE_LIMIT: ' ', CHUNK_ITEMS: '' })).toMatchObject({ port: 8080, syncRateLimit: 5_000, chunkItems: 10_000 });
     expect(loadConfig({ SYNC_RATE_LIMIT: '0' }).syncRateLimit).toBe(0);
@@ -53,6 +65,14 @@ describe('tokens', () => {
     expect([...plain!.scopes].sort()).toEqual(['batches', 'decrypt', 'encrypt', 'keys', 'rewrap']);
     expect([...scoped!.scopes].sort()).toEqual(['admin', 'encrypt']);
     expect(() => parseTokens('acme:aaaaaaaaaaaaaaaa:encrypt+root')).toThrow(/unknown scope "root"/);
+  });
+
+  it('refuses a token longer than the API reads (512 characters), without showing it', () => {
+    const tooLong = `tok_${'x'.repeat(505)}`.padEnd(513, 'y');
+    const error = (() => { try { loadConfig({ KEYFLEET_TOKENS: `acme:aaaaaaaaaaaaaaaa,globex:${tooLong}` }); } catch (e) { return (e as Error).message; } return ''; })();
+    expect(error).toMatch(/KEYFLEET_TOKENS: entry 2 \(tenant globex\): expected a token of at most 512 characters, got 513/);
+    expect(error).not.toContain('xxxxxxxx');
+    expect(parseTokens(`globex:${tooLong.slice(0, 512)}`)[0]?.token).toHaveLength(512);
   });
 
   it('verifies the right token only', () => {
