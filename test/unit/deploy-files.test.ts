@@ -6,6 +6,7 @@ import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
+import { PROMETHEUS_RULE_FILE, prometheusRule } from '../../scripts/prometheus-rule.js';
 
 // The deployment files are code too: the compose file must be valid per the Compose
 // Specification (test/fixtures/compose-spec.json) and keep the settings that protect data and
@@ -312,5 +313,45 @@ describe('API node flags', () => {
     expect(readFileSync(resolve(root, 'deploy/Dockerfile'), 'utf8')).toContain(`CMD ${expected}`);
     expect(readFileSync(resolve(root, 'docker-compose.yml'), 'utf8')).toContain(`command: ${expected}`);
     expect(readFileSync(resolve(root, 'deploy/k8s/api.yaml'), 'utf8')).toContain(`command: ${expected}`);
+  });
+});
+
+describe('deploy/k8s/monitoring (Prometheus Operator)', () => {
+  const dir = resolve(root, 'deploy/k8s/monitoring');
+  const docs = readdirSync(dir)
+    .filter((f) => f.endsWith('.yaml'))
+    .flatMap((file) => parseAllDocuments(readFileSync(resolve(dir, file), 'utf8')).map((d) => ({ file, doc: d.toJS() as Doc })));
+  const deployments = ['api.yaml', 'worker.yaml']
+    .flatMap((file) => parseAllDocuments(readFileSync(resolve(root, 'deploy/k8s', file), 'utf8')).map((d) => d.toJS() as Doc))
+    .filter((d) => d['kind'] === 'Deployment');
+
+  it('lists in its kustomization exactly the manifests there are', () => {
+    const kustomization = docs.find(({ doc }) => doc['kind'] === 'Kustomization')!.doc;
+    const files = new Set(docs.map(({ file }) => file).filter((f) => f !== 'kustomization.yaml'));
+    expect([...(kustomization['resources'] as string[])].sort()).toEqual([...files].sort());
+  });
+
+  it('scrapes the API and the workers on the named ports their pods expose, at /metrics', () => {
+    const monitors = docs.filter(({ doc }) => doc['kind'] === 'PodMonitor').map(({ doc }) => doc);
+    expect(monitors).toHaveLength(2);
+    for (const deployment of deployments) {
+      const template = deployment['spec'].template;
+      const selecting = monitors.filter((m) => Object.entries(m['spec'].selector.matchLabels as Doc).every(([k, v]) => template.metadata.labels[k] === v));
+      expect(selecting, deployment['metadata'].name).toHaveLength(1);
+      const ports = (template.spec.containers[0].ports as Doc[]).map((p) => p['name']);
+      for (const endpoint of selecting[0]!['spec'].podMetricsEndpoints as Doc[]) {
+        expect(ports, deployment['metadata'].name).toContain(endpoint['port']);
+        expect(endpoint['path']).toBe('/metrics');
+      }
+    }
+  });
+
+  it('carries the alerting rules of dashboards/alerts.yml as they are (run `npm run prometheus-rule` after changing them)', () => {
+    const committed = readFileSync(resolve(root, PROMETHEUS_RULE_FILE), 'utf8');
+    expect(committed).toBe(prometheusRule(readFileSync(resolve(root, 'dashboards/alerts.yml'), 'utf8')));
+    const rule = parse(committed) as Doc;
+    expect(rule['kind']).toBe('PrometheusRule');
+    expect(rule['spec'].groups).toEqual((parse(readFileSync(resolve(root, 'dashboards/alerts.yml'), 'utf8')) as Doc)['groups']);
+    expect(rule['spec'].groups.flatMap((g: Doc) => g['rules']).length).toBeGreaterThan(0);
   });
 });
