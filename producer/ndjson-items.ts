@@ -11,9 +11,10 @@ const BACKSLASH = 0x5c;
  * plain JSON string (no escapes, no control characters) is copied as its bytes straight into
  * the chunk — no decode, no JSON.parse, no per-line allocation; where the native kernel is
  * built, runs of plain ASCII lines are packed by it in one call per piece. Anything else goes
- * through JSON.parse. A line that is not a string fails that item only. A line longer than
- * `maxLineBytes` is skipped up to its newline and fails as too large. A byte order mark at the
- * start (files saved by Windows tools) is not part of the first line.
+ * through JSON.parse. A line that is not a string, or not UTF-8, or not well-formed text (a
+ * lone surrogate), fails that item only. A line longer than `maxLineBytes` is skipped up to its
+ * newline and fails as too large. A byte order mark at the start (files saved by Windows tools)
+ * is not part of the first line.
  */
 export async function readNdjsonItems(body: AsyncIterable<Buffer>, intake: BatchIntake, maxLineBytes: number, { native = canPackLines } = {}): Promise<void> {
   // The line begun in earlier pieces, as copies of its parts, joined once when it ends: joined
@@ -91,14 +92,17 @@ function takeLine(buf: Buffer, start: number, end: number, intake: BatchIntake):
       return;
     }
   }
+  // Decoding turns bytes that are not UTF-8 into U+FFFD, and encoding a lone surrogate (an
+  // escape such as \ud800) does too: either way other text than was sent. Such a line fails as
+  // a plain line with such bytes does. The bytes are checked only where U+FFFD shows up.
+  const text = buf.toString('utf8', start, end);
   let value: unknown;
   try {
-    value = JSON.parse(buf.toString('utf8', start, end));
+    value = text.includes('\ufffd') && !isUtf8(buf.subarray(start, end)) ? undefined : JSON.parse(text);
   } catch {
-    intake.rejectNotString();
-    return;
+    value = undefined;
   }
-  if (typeof value === 'string') intake.add(Buffer.from(value, 'utf8'));
+  if (typeof value === 'string' && value.isWellFormed()) intake.add(Buffer.from(value, 'utf8'));
   else intake.rejectNotString();
 }
 

@@ -56,8 +56,11 @@ export const keyInfo = z.object({
 export type KeyInfo = z.infer<typeof keyInfo>;
 /** The longest context, in characters (code points: zod counts a string's length in them). */
 const CONTEXT_MAX = 1024;
-/** A context: bound into the associated data; decrypt and rewrap need the same one. */
-export const context = z.string().min(1).max(CONTEXT_MAX);
+/**
+ * A context: bound into the associated data; decrypt and rewrap need the same one. Well-formed
+ * text: encoded, a lone surrogate would become U+FFFD, binding another context than was sent.
+ */
+export const context = z.string().min(1).max(CONTEXT_MAX).refine((c) => c.isWellFormed(), 'expected well-formed text (no lone surrogate)');
 
 // ---- sync crypto ---------------------------------------------------------------------------
 export const cryptoParams = z.object({ key: keyName });
@@ -68,29 +71,36 @@ export type ItemObject = z.infer<typeof plaintextItem> | z.infer<typeof cipherte
 /** An item as the sync routes read it: a string, an item object, or null for anything else. */
 export type SyncItem = string | ItemObject | null;
 
+/**
+ * A string that is well-formed text. A lone surrogate (a JSON escape such as "\ud800" that
+ * makes no character) would be encoded as U+FFFD: the service would encrypt other text than
+ * was sent.
+ */
+const isText = (value: unknown): value is string => typeof value === 'string' && value.isWellFormed();
 /** `context`'s check, without the cost of an issue when it fails. A code point is 1-2 UTF-16 units. */
 const isContext = (value: unknown): value is string =>
-  typeof value === 'string' && value.length >= 1 && (value.length <= CONTEXT_MAX || (value.length <= 2 * CONTEXT_MAX && [...value].length <= CONTEXT_MAX));
+  isText(value) && value.length >= 1 && (value.length <= CONTEXT_MAX || (value.length <= 2 * CONTEXT_MAX && [...value].length <= CONTEXT_MAX));
 
 /**
  * An element of a sync request's items as an item. One that is neither a string nor an item
- * object (strict: no other field; a context of 1-1024 characters) is null: it fails alone, in
- * its place, as KF_INVALID_ITEM (as a bad line of an upload does) instead of failing the request.
+ * object (strict: no other field; a context of 1-1024 characters), or whose text is not
+ * well-formed, is null: it fails alone, in its place, as KF_INVALID_ITEM (as a bad line of an
+ * upload does) instead of failing the request.
  *
  * Checked by hand rather than by a zod union that `.catch`es: the union builds its issues for
  * every element that fails it (~3 µs each, against ~0.15 µs for a string), so that a 16 MB body
  * of numbers held the event loop for ~30 s, before the rate limiter saw the request.
  */
 export function readSyncItem(element: unknown): SyncItem {
-  if (typeof element === 'string') return element;
+  if (typeof element === 'string') return isText(element) ? element : null;
   if (typeof element !== 'object' || element === null) return null;
   const { plaintext, ciphertext, context: own } = element as Record<string, unknown>;
   if (own !== undefined && !isContext(own)) return null;
   // The text field and the context if given, nothing else (an array has no such fields).
   if (Object.keys(element).length !== (own === undefined ? 1 : 2)) return null;
   const withContext = own === undefined ? {} : { context: own };
-  if (typeof plaintext === 'string') return { plaintext, ...withContext };
-  if (typeof ciphertext === 'string') return { ciphertext, ...withContext };
+  if (isText(plaintext)) return { plaintext, ...withContext };
+  if (isText(ciphertext)) return { ciphertext, ...withContext };
   return null;
 }
 
@@ -100,7 +110,7 @@ export function readSyncItem(element: unknown): SyncItem {
  */
 const documentedItem = z.toJSONSchema(z.union([z.string(), plaintextItem, ciphertextItem, z.null()]), { target: 'openapi-3.0', io: 'input' });
 const syncItems = z
-  .array(z.unknown().meta({ description: 'Any other value (null, a number, an object of another shape) fails alone, in its place, as KF_INVALID_ITEM.', ...documentedItem }))
+  .array(z.unknown().meta({ description: 'Any other value (null, a number, an object of another shape, text with a lone surrogate) fails alone, in its place, as KF_INVALID_ITEM.', ...documentedItem }))
   .transform((elements) => elements.map(readSyncItem));
 export const cryptoBody = z
   .object({

@@ -23,10 +23,13 @@ afterAll(async () => {
 });
 
 const MAX_ITEM = 40;
+/** Stands for a byte that is not UTF-8 (0xFF) in the lines below, which are JS strings: `bytesOf` puts the byte in. */
+const NOT_UTF8 = '\ue000';
+const bytesOf = (text: string): Buffer => Buffer.concat(text.split(NOT_UTF8).flatMap((part, i) => (i === 0 ? [Buffer.from(part)] : [Buffer.from([0xff]), Buffer.from(part)])));
 
-/** Lines of every kind the parser tells apart: plain ASCII, non-ASCII, escapes, not strings, blank, padded, CRLF, too long. */
+/** Lines of every kind the parser tells apart: plain ASCII, non-ASCII, escapes, not strings, blank, padded, CRLF, too long, not UTF-8, lone surrogates. */
 function lineOf(rand: () => number): string {
-  const pick = Math.floor(rand() * 14);
+  const pick = Math.floor(rand() * 17);
   const text = Array.from({ length: Math.floor(rand() * 30) }, () => String.fromCharCode(0x21 + Math.floor(rand() * 90))).join('').replace(/["\\]/g, 'x');
   switch (pick) {
     case 0: return '';
@@ -41,11 +44,14 @@ function lineOf(rand: () => number): string {
     case 9: return JSON.stringify('é'.repeat(MAX_ITEM)); // 80 bytes: too large
     case 10: return JSON.stringify(`${text}\\\t`); // escapes, no quote
     case 11: return `"\\u0041${text}"`; // a \u escape
+    case 12: return `"${text}${NOT_UTF8}"`;
+    case 13: return `"\\u0041${text}${NOT_UTF8}"`; // escapes, and a byte that is not UTF-8
+    case 14: return `"${text}\\ud800"`; // a lone surrogate
     default: return JSON.stringify(text);
   }
 }
 
-/** What each non-blank line should become, from JSON.parse alone. */
+/** What each non-blank line should become, from JSON.parse, and whether its bytes are UTF-8 and its text well-formed. */
 function expected(lines: readonly string[]): Array<{ flag: number; text?: string }> {
   return lines.filter((l) => l.trim() !== '').map((line) => {
     let value: unknown;
@@ -54,7 +60,7 @@ function expected(lines: readonly string[]): Array<{ flag: number; text?: string
     } catch {
       return { flag: ITEM_NOT_STRING };
     }
-    if (typeof value !== 'string') return { flag: ITEM_NOT_STRING };
+    if (typeof value !== 'string' || value.includes(NOT_UTF8) || !value.isWellFormed()) return { flag: ITEM_NOT_STRING };
     return Buffer.byteLength(value) > MAX_ITEM ? { flag: ITEM_TOO_LARGE } : { flag: ITEM_OK, text: value };
   });
 }
@@ -83,11 +89,11 @@ async function packed(body: Buffer, cuts: readonly number[], native: boolean, ma
 }
 
 describe('NDJSON upload packing', () => {
-  it.runIf(canPackLines)('packs the same items natively as in JavaScript, and as JSON.parse reads them, however the body is cut', async () => {
+  it.runIf(canPackLines)('packs the same items natively as in JavaScript, and as JSON.parse reads them (failing what is not UTF-8 or well-formed text), however the body is cut', async () => {
     for (let seed = 1; seed <= 40; seed++) {
       const rand = seededRandom(seed);
       const lines = Array.from({ length: 20 + Math.floor(rand() * 60) }, () => lineOf(rand));
-      const body = Buffer.from(lines.join('\n') + (rand() < 0.5 ? '\n' : ''));
+      const body = bytesOf(lines.join('\n') + (rand() < 0.5 ? '\n' : ''));
       const cuts = Array.from({ length: 30 }, () => 1 + Math.floor(rand() * 120));
       const want = expected(lines);
       expect(await packed(body, cuts, true), `seed ${seed}`).toEqual(want);
@@ -111,7 +117,7 @@ describe('NDJSON upload packing', () => {
     // 300 lines seals ~40 chunks before the first write, and each must keep its own buffer.
     const rand = seededRandom(7);
     const lines = Array.from({ length: 300 }, () => lineOf(rand));
-    const body = Buffer.from(lines.join('\n') + '\n');
+    const body = bytesOf(lines.join('\n') + '\n');
     const want = expected(lines);
     for (const native of canPackLines ? [true, false] : [false]) {
       expect(await packed(body, [], native), `native ${native}`).toEqual(want);
