@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
@@ -78,6 +79,16 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.setSerializerCompiler(serializerCompiler);
   // The API takes JSON bodies (and, for uploads, NDJSON: routes/batches.ts); text/plain is a 415.
   app.removeContentTypeParser('text/plain');
+  // JSON text is UTF-8 (RFC 8259, 8.1). fastify decodes other bytes as U+FFFD, so an item sent
+  // with a stray byte was encrypted as other text than was sent. Before the body is parsed no
+  // byte can be told to belong to an item: such a body is refused as a whole. (Uploads read
+  // their own bodies and fail only the items with such bytes.)
+  const parseJson = app.getDefaultJsonParser('error', 'error'); // fastify's own, with its defaults
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    if (isUtf8(body)) parseJson(request, body.toString('utf8'), done);
+    else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
+  });
   app.addHook('onRequest', refuseOnClosingConnection);
   app.addHook('preParsing', bodyPauseLimit(config.uploadIdleSeconds));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a

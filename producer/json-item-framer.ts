@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { KeyfleetError } from '../shared/errors.js';
 
 const QUOTE = 0x22;
@@ -22,17 +23,20 @@ const ENDS_ESCAPED = -2;
 const isSpace = (b: number): boolean => b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 const endsWord = (b: number): boolean => isSpace(b) || b === COMMA || b === COLON || b === QUOTE || b === OPEN_BRACE || b === CLOSE_BRACE || b === OPEN_BRACKET || b === CLOSE_BRACKET;
 
+/** Why an element is not passed on: longer than the limit, or not UTF-8 (the parser would fail the whole body on it). */
+export type Skipped = 'too-large' | 'not-utf8';
+
 /**
  * Splits the body into what the parser may see at once. Tracks only what it must: nesting,
  * strings, the key of each member of the top-level object, and where each element of an
  * "items" array starts and ends; the parser still checks everything. An element is passed on
  * when it ends (from the body piece itself, or from copies if it spans pieces); one that grows
- * past the limit is never passed on: `skip` stands in for it, once.
+ * past the limit, or whose bytes are not UTF-8, is never passed on: `skip` stands in for it, once.
  */
 export class ItemFramer {
   readonly #max: number;
   readonly #write: (bytes: Uint8Array) => void;
-  readonly #skip: () => void;
+  readonly #skip: (why: Skipped) => void;
   /** Body bytes before the current piece. */
   #base = 0;
   #state = BETWEEN;
@@ -56,8 +60,10 @@ export class ItemFramer {
   /** Copies of the element's bytes from earlier pieces. */
   #held: Buffer[] = [];
   #oversized = false;
+  /** From here on the current piece is UTF-8, up to a character its end may cut (Infinity: it is not). */
+  #utf8From = 0;
 
-  constructor(max: number, write: (bytes: Uint8Array) => void, skip: () => void) {
+  constructor(max: number, write: (bytes: Uint8Array) => void, skip: (why: Skipped) => void) {
     this.#max = max;
     this.#write = write;
     this.#skip = skip;
@@ -65,6 +71,9 @@ export class ItemFramer {
 
   push(piece: Buffer): void {
     const n = piece.length;
+    // One check of the piece spares one per element: only one that starts before the checked
+    // bytes, or in a piece that fails the check, is checked alone.
+    this.#utf8From = utf8From(piece);
     let from = 0; // bytes of this piece before `from` are passed on (or skipped)
     for (let i = 0; i < n; i++) {
       const b = piece[i]!;
@@ -240,7 +249,7 @@ export class ItemFramer {
   #giveUp(): void {
     this.#held = [];
     this.#oversized = true;
-    this.#skip();
+    this.#skip('too-large');
   }
 
   /** The element ends at `end` in `piece`; returns where the piece's bytes to pass on now start. */
@@ -250,15 +259,27 @@ export class ItemFramer {
       this.#oversized = false;
       return end;
     }
-    if (this.#base + end - this.#start > this.#max) {
-      this.#write(piece.subarray(from, Math.max(from, this.#start - this.#base)));
-      this.#giveUp();
-      this.#oversized = false; // and it has ended
+    const start = this.#start - this.#base; // negative when it began in an earlier piece
+    const skipped: Skipped | undefined =
+      this.#base + end - this.#start > this.#max ? 'too-large'
+      : !this.#isUtf8(piece, start, end) ? 'not-utf8'
+      : undefined;
+    if (skipped) {
+      this.#write(piece.subarray(from, Math.max(from, start)));
+      this.#held = [];
+      this.#skip(skipped);
       return end;
     }
     // Begun in an earlier piece: what was held goes first, then this piece from its start.
     for (const part of this.#held.splice(0)) this.#write(part);
     return from;
+  }
+
+  /** Whether the element that ends at `end` of `piece` (and starts at `start`, or in the held copies) is UTF-8. */
+  #isUtf8(piece: Buffer, start: number, end: number): boolean {
+    if (start >= 0) return start >= this.#utf8From || isUtf8(piece.subarray(start, end));
+    // Its parts may cut a character in two: checked joined (an element is at most the limit).
+    return isUtf8(Buffer.concat([...this.#held, piece.subarray(0, end)]));
   }
 }
 
@@ -278,6 +299,20 @@ function closingQuote(piece: Buffer, from: number): number {
     if (run % 2 === 0) return quote;
     at = quote + 1;
   }
+}
+
+/**
+ * Where `piece` is UTF-8 from, up to its last bytes: Infinity if it is not. A character cut by the
+ * piece boundary is not UTF-8 on its own, so up to 3 bytes that are not ASCII are left out at
+ * either edge. Those at the end belong to a token that goes on in the next piece, as an element
+ * within the piece ends with an ASCII byte (a quote, a bracket) or before one (a number).
+ */
+function utf8From(piece: Buffer): number {
+  let start = 0;
+  let end = piece.length;
+  while (start < 3 && start < end && piece[start]! >= 0x80) start++;
+  while (piece.length - end < 3 && end > start && piece[end - 1]! >= 0x80) end--;
+  return isUtf8(piece.subarray(start, end)) ? start : Infinity;
 }
 
 const notTheShape = (): KeyfleetError => new KeyfleetError('KF_VALIDATION', 'body: expected a JSON object {"items": [...]} with an array of items');

@@ -120,6 +120,38 @@ describe('batches', () => {
     expect(lines.filter((l) => l.ciphertext)).toHaveLength(15_000);
   });
 
+  it('fails an item whose bytes are not UTF-8, or whose text has a lone surrogate, alone and in its place, in NDJSON and JSON uploads', async () => {
+    // Decoded or encoded, each became U+FFFD: the batch encrypted other text than was sent.
+    const FF = Buffer.from([0xff]);
+    const items = [
+      Buffer.from('"first"'),
+      Buffer.concat([Buffer.from('"A'), FF, Buffer.from('"')]), // a plain line
+      Buffer.concat([Buffer.from('"\\u0041'), FF, Buffer.from('"')]), // a line with escapes
+      Buffer.from('"\\ud800"'),
+      Buffer.from('"x\\udc00y"'),
+      Buffer.from('"\\ud83d\\ude00"'), // a pair: one character
+      Buffer.from('"last"'),
+    ];
+    const ndjson = Buffer.concat(items.flatMap((item) => [item, Buffer.from('\n')]));
+    const json = Buffer.concat([Buffer.from('{"items":['), ...items.flatMap((item, i) => (i === 0 ? [item] : [Buffer.from(','), item])), Buffer.from(']}')]);
+    for (const [type, body] of [['application/x-ndjson', ndjson], ['application/json', json]] as const) {
+      for (const op of ['encrypt', 'decrypt']) {
+        const res = await fetch(`${client.base}/v1/batches?op=${op}&key=serials`, { method: 'POST', headers: { authorization: `Bearer ${admin.token}`, 'content-type': type }, body });
+        expect(res.status, `${type} ${op}`).toBe(202);
+        const { batchId } = (await res.json()) as { batchId: string };
+        await client.waitForBatch(batchId);
+        const lines = await client.results(batchId);
+        // Decrypt: what is not a ciphertext fails KF_DECRYPT_FAILED, as before; what cannot be read, as every route fails it.
+        const readable = op === 'encrypt' ? 'ok' : 'KF_DECRYPT_FAILED';
+        expect(lines.map((l) => l.error?.code ?? 'ok'), `${type} ${op}`).toEqual([readable, ...Array(4).fill('KF_INVALID_ITEM'), readable, readable]);
+        if (op === 'encrypt') {
+          const back = await client.json('POST', '/v1/decrypt/serials', { items: lines.filter((l) => l.ciphertext).map((l) => l.ciphertext) });
+          expect(back.body.results.map((r: { plaintext: string }) => r.plaintext)).toEqual(['first', '😀', 'last']);
+        }
+      }
+    }
+  });
+
   it('turns a sync request above SYNC_MAX_ITEMS into a batch (202), and mode "async" always', async () => {
     const auto = await client.json('POST', '/v1/encrypt/serials', { items: Array.from({ length: 51 }, (_, i) => `auto-${i}`) });
     expect(auto.status).toBe(202);

@@ -106,17 +106,35 @@ describe('JSON batch upload limits', () => {
     }
   });
 
-  it('reads every element as JSON.parse does, however the body is cut', async () => {
+  it('reads every element as JSON.parse does (failing alone one that is not UTF-8 or well-formed text), however the body is cut', async () => {
     for (let seed = 1; seed <= 30; seed++) {
       const rand = seededRandom(seed);
       const elements = Array.from({ length: 10 + Math.floor(rand() * 40) }, () => elementOf(rand));
       const ws = () => [' ', '\n', '\t', ''][Math.floor(rand() * 4)]!;
       const key = rand() < 0.3 ? '"\\u0069tems"' : '"items"';
-      const body = Buffer.from(`${ws()}{${ws()}${key}${ws()}:${ws()}[${ws()}${elements.join(`${ws()},${ws()}`)}${ws()}]${ws()}}${ws()}`);
+      const body = bytesOf(`${ws()}{${ws()}${key}${ws()}:${ws()}[${ws()}${elements.join(`${ws()},${ws()}`)}${ws()}]${ws()}}${ws()}`);
       const cuts = Array.from({ length: 200 }, () => 1 + Math.floor(rand() * (rand() < 0.5 ? 16 : MAX_ITEM * 3)));
       const intake = await newIntake();
       await readJsonItems(pieces(body, cuts), intake, MAX_ELEMENT);
       expect(await storedItems(intake), `seed ${seed}`).toEqual(elements.map(expected));
+    }
+  });
+
+  it('fails an element that is not UTF-8 alone, and no character that pieces cut in two, wherever the body is cut', async () => {
+    const ok = (text: string) => ({ flag: ITEM_OK, text });
+    const bad = { flag: ITEM_NOT_STRING };
+    const cases: Array<[string, Array<{ flag: number; text?: string }>]> = [
+      [`{"items":["é",${NOT_UTF8}1,"😀"]}`, [ok('é'), bad, ok('😀')]], // the only bad byte, where a piece may start
+      [`{"items":["日${NOT_UTF8}",{"a":"${NOT_UTF8}"},"😀",12,"ab${NOT_UTF8}"]}`, [bad, bad, ok('😀'), bad, bad]],
+    ];
+    for (const [text, want] of cases) {
+      const body = bytesOf(text);
+      // In pieces of one byte, and in two pieces cut at every byte.
+      for (const cuts of [Array(body.length).fill(1), ...Array.from({ length: body.length - 1 }, (_, at) => [at + 1])]) {
+        const intake = await newIntake();
+        await readJsonItems(pieces(body, cuts), intake, MAX_ELEMENT);
+        expect(await storedItems(intake), `${text} cut at ${cuts.length === 1 ? cuts[0] : 'every byte'}`).toEqual(want);
+      }
     }
   });
 
@@ -162,11 +180,14 @@ describe('JSON batch upload limits', () => {
 });
 
 const ELEMENT_LIMIT = MAX_ITEM * 6 + 2;
+/** Stands for a byte that is not UTF-8 (0xFF) in the elements below, which are JS strings: `bytesOf` puts the byte in. */
+const NOT_UTF8 = '\ue000';
+const bytesOf = (text: string): Buffer => Buffer.concat(text.split(NOT_UTF8).flatMap((part, i) => (i === 0 ? [Buffer.from(part)] : [Buffer.from([0xff]), Buffer.from(part)])));
 
-/** Elements of every kind: strings plain, escaped, non-ASCII, at and over the limits; other JSON; nested elements small and large. */
+/** Elements of every kind: strings plain, escaped, non-ASCII, at and over the limits, not UTF-8, with a lone surrogate; other JSON; nested elements small and large. */
 function elementOf(rand: () => number): string {
   const n = Math.floor(rand() * MAX_ITEM * 1.5);
-  switch (Math.floor(rand() * 10)) {
+  switch (Math.floor(rand() * 14)) {
     case 0: return JSON.stringify('é€'.repeat(n / 5));
     case 1: return JSON.stringify(`q"\\\n\u0001${'x'.repeat(n)}`);
     case 2: return `"${'\\u00e9'.repeat(n / 4)}\\ud83d\\ude00"`;
@@ -176,15 +197,20 @@ function elementOf(rand: () => number): string {
     case 6: return `[${Array.from({ length: n * 2 }, (_, i) => i).join(', ')}]`;
     case 7: return JSON.stringify('\\'.repeat(n)); // 2 × n bytes of escapes
     case 8: return JSON.stringify('p'.repeat(n * 5));
+    case 9: return `"${'é'.repeat(n / 4)}${NOT_UTF8}${'p'.repeat(n / 4)}"`;
+    case 10: return `{"a": "${NOT_UTF8}", "b": ${n}}`;
+    case 11: return `"${'\\u00e9'.repeat(n / 8)}\\udc00${'q'.repeat(n / 4)}"`; // a lone surrogate
+    case 12: return `${NOT_UTF8}${n}`; // not JSON either, but read as an element that is not UTF-8
     default: return JSON.stringify('p'.repeat(n / 10));
   }
 }
 
-/** What JSON.parse makes of an element: too large past the element limit or the item limit, not a string, or its text. */
+/** What JSON.parse makes of an element: too large past the element limit or the item limit, not a string (nor UTF-8, nor well-formed text), or its text. */
 function expected(element: string): { flag: number; text?: string } {
-  if (Buffer.byteLength(element) > ELEMENT_LIMIT) return { flag: ITEM_TOO_LARGE };
+  if (bytesOf(element).length > ELEMENT_LIMIT) return { flag: ITEM_TOO_LARGE };
+  if (element.includes(NOT_UTF8)) return { flag: ITEM_NOT_STRING };
   const value: unknown = JSON.parse(element);
-  if (typeof value !== 'string') return { flag: ITEM_NOT_STRING };
+  if (typeof value !== 'string' || !value.isWellFormed()) return { flag: ITEM_NOT_STRING };
   return Buffer.byteLength(value) > MAX_ITEM ? { flag: ITEM_TOO_LARGE } : { flag: ITEM_OK, text: value };
 }
 

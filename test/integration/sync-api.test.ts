@@ -100,6 +100,32 @@ describe('sync encrypt and decrypt', () => {
     expect(back).toEqual([{ plaintext: 'a' }, invalid, { plaintext: 'b' }]);
   });
 
+  it('fails an item whose text has a lone surrogate alone on every route, and refuses a body that is not UTF-8 whole', async () => {
+    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, a valid item object)' } };
+    // JSON escapes that make no character: encoded, each became U+FFFD, other text than was sent.
+    const lone = ['\ud800', 'a\udc00b', '😀\ud83d', { plaintext: '\udfff' }, { plaintext: 'x', context: 'c\ud800' }];
+    const sealed = (await post('/v1/encrypt/licences', { items: ['first', ...lone, '😀'] })).json().results;
+    expect(sealed.slice(1, 6)).toEqual(Array(5).fill(invalid));
+    const withContext = (await post('/v1/encrypt/licences', { items: ['first', ...lone, '😀'], context: 'c' })).json().results;
+    expect(withContext.slice(1, 6)).toEqual(Array(5).fill(invalid));
+    // Ciphertexts are ASCII: these failed before too, as KF_DECRYPT_FAILED; now as every route fails them.
+    const [first, last] = [sealed[0].ciphertext, sealed[6].ciphertext];
+    for (const op of ['decrypt', 'rewrap']) {
+      const results = (await post(`/v1/${op}/licences`, { items: [first, `${first}\ud800`, { ciphertext: last, context: '\udc00' }, last] })).json().results;
+      expect(results.slice(1, 3), op).toEqual([invalid, invalid]);
+      expect(results.filter((r: object) => !('error' in r)), op).toHaveLength(2);
+    }
+    expect((await decrypt('licences', [first, last])).map((r: any) => r.plaintext)).toEqual(['first', '😀']);
+    const badContext = await post('/v1/encrypt/licences', { items: ['a'], context: '\ud800' });
+    expect(badContext.statusCode).toBe(400);
+    expect(badContext.json().error).toEqual({ code: 'KF_VALIDATION', message: 'body.context: expected well-formed text (no lone surrogate)' });
+    // A byte that is not UTF-8 cannot be told to belong to an item before the body is parsed.
+    const notUtf8 = Buffer.concat([Buffer.from('{"items":["first","A'), Buffer.from([0xff]), Buffer.from('"]}')]);
+    const refused = await app.inject({ method: 'POST', url: '/v1/encrypt/licences', headers: { ...bearer(admin), 'content-type': 'application/json' }, payload: notUtf8 });
+    expect(refused.statusCode).toBe(400);
+    expect(refused.json().error).toEqual({ code: 'KF_INVALID_JSON', message: 'the body is not valid UTF-8, as JSON text must be' });
+  });
+
   it('rotates, rewraps old ciphertexts to the new version, and enforces minDecryptionVersion per item', async () => {
     await post('/v1/keys/rotating', {});
     const v1 = (await encrypt('rotating', ['alpha', 'beta'])).map((r: any) => r.ciphertext);
