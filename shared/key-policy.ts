@@ -35,8 +35,10 @@ export class KeyPolicy {
   #flushTimer: NodeJS.Timeout | undefined;
   #maxUsed = 0;
   #closed = false;
+  /** Writes refused in a row: the retry waits longer after each, up to RETRY_MAX_MS. */
+  #refused = 0;
 
-  /** `errors`: where a count that could not be written is logged (every 50 ms per version while Redis is down). */
+  /** `errors`: where a count that could not be written is logged (it is tried again, backing off from 100 ms to 5 s). */
   constructor(cache: KeyCache, policy: NoncePolicy, metrics: CryptoMetrics, logger: Logger, errors: ConnectionErrorLog) {
     this.#cache = cache;
     this.#policy = policy;
@@ -113,9 +115,13 @@ export class KeyPolicy {
       const entry = this.#pending.get(id);
       if (entry) entry.count += count;
       else this.#pending.set(id, { tenant, ring, count });
-      this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
+      // Backing off: a Redis that refuses writes (out of memory, read-only) is not sent one more
+      // 20 times a second by every replica.
+      this.#refused++;
+      this.#flushTimer ??= setTimeout(() => void this.flush(), Math.min(COUNT_FLUSH_MS * 2 ** this.#refused, RETRY_MAX_MS)).unref();
       return;
     }
+    this.#refused = 0;
     this.#counted.set(this.#id(tenant, ring.name, version), total);
     if (!budgeted(ring)) return;
     this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
@@ -156,6 +162,8 @@ function pinned(ring: KeyRing, version: number): KeyRing {
 
 /** How long a small count may wait to be written, and the count that is written at once. */
 const COUNT_FLUSH_MS = 50;
+/** The longest wait before a refused count is written again. */
+const RETRY_MAX_MS = 5_000;
 const COUNT_NOW = 1_000;
 
 /** Only random 96-bit nonces have a budget: XChaCha20's 192-bit nonces and convergent nonces do not. */
