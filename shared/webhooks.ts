@@ -82,15 +82,22 @@ export class WebhookSender {
     this.#options = options;
   }
 
+  /** Enqueues the delivery for a batch that has ended (no-op without a callbackUrl); never throws, a failure is logged. */
+  deliver(batches: BatchStore, batchId: string): void {
+    this.enqueue(batches, batchId).catch((err: Error) => this.#options.logger.warn({ batchId, err: { message: err.message } }, 'webhook not delivered'));
+  }
+
   /**
-   * Enqueues the delivery for a batch that has ended (no-op without a callbackUrl). Never
-   * rejects: resolves once the delivery is enqueued, or its failure logged.
+   * Enqueues the delivery for a batch that has ended (no-op without a callbackUrl); rejects
+   * when Redis refuses it, for a caller that can try again: a chunk's job, whose rerun announces
+   * its batch's end again.
    */
-  deliver(batches: BatchStore, batchId: string): Promise<void> {
+  enqueue(batches: BatchStore, batchId: string): Promise<void> {
     if (!this.#options.secret || this.#closing) return Promise.resolve();
-    const run = this.#enqueue(batches, batchId).catch((err: Error) => this.#options.logger.warn({ batchId, err: { message: err.message } }, 'webhook not delivered'));
-    this.#inFlight.add(run);
-    void run.finally(() => this.#inFlight.delete(run));
+    const run = this.#enqueue(batches, batchId);
+    const settled = run.catch(() => {});
+    this.#inFlight.add(settled);
+    void settled.finally(() => this.#inFlight.delete(settled));
     return run;
   }
 

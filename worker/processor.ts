@@ -23,8 +23,8 @@ export interface ProcessorDeps {
   readonly formatter: NativeFormatter | undefined;
   /**
    * Called when this chunk's completion ended its batch (its webhook goes out); awaited, so the
-   * job completes only once the delivery is enqueued: a worker that died in between would leave
-   * no job whose rerun announces the end again.
+   * job completes only once the delivery is enqueued, and fails (to run again, and announce the
+   * end again) if that failed: a job completed without it would leave no rerun to announce it.
    */
   readonly onBatchEnded?: (batchId: string) => Promise<void> | void;
 }

@@ -61,7 +61,8 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     createChunkProcessor({
       batches, keyCache, keyPolicy, pool, logger, maxItemBytes: config.maxItemBytes, metrics,
       formatter: resultFormatter(config.kernel),
-      onBatchEnded: (id) => webhooks.deliver(batches, id),
+      // Awaited, and failing the job when Redis refuses it: the job's rerun announces the end again.
+      onBatchEnded: (id) => webhooks.enqueue(batches, id),
     }),
     {
       connection: createRedis(config, { role: 'worker', errors }),

@@ -1,4 +1,4 @@
-import type { Job } from 'bullmq';
+import type { Job, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,7 +10,9 @@ import { RedisKeys } from '../../shared/redis.js';
 import { createLogger } from '../../shared/logger.js';
 import { WorkerMetrics } from '../../shared/metrics.js';
 import type { ChunkJobData } from '../../shared/schemas.js';
+import type { WebhookJobData } from '../../shared/queue.js';
 import { createChunkProcessor } from '../../worker/processor.js';
+import { WebhookSender } from '../../shared/webhooks.js';
 import { testEnv } from '../helpers/env.js';
 
 const { env } = testEnv();
@@ -305,5 +307,44 @@ describe('the chunk processor', () => {
     const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
     expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
     expect(enqueued).toBe(true);
+  });
+
+  it('fails a chunk whose batch’s webhook Redis refused to enqueue, so that its rerun announces the end again', async () => {
+    const id = await batchWithChunks(1);
+    await store.seal(id);
+    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
+    let refuse = true;
+    const announced: string[] = [];
+    const processChunk = createChunkProcessor({
+      batches: store, keyCache: unused, keyPolicy: unused, pool: unused, formatter: undefined, maxItemBytes: 1024,
+      logger: createLogger({ level: 'silent', name: 'test' }),
+      metrics: new WorkerMetrics(new Registry(), { busySeconds: 0, queueSize: 0, threads: 1 }),
+      onBatchEnded: async (batchId) => {
+        if (refuse) throw new Error('OOM command not allowed when used memory > maxmemory');
+        announced.push(batchId);
+      },
+    });
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    await expect(processChunk({ id: 'ended', data } as Job<ChunkJobData>)).rejects.toThrow(/OOM/);
+    refuse = false;
+    expect((await processChunk({ id: 'ended', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
+    expect(announced).toEqual([id]);
+  });
+
+  it('the webhook sender tells the worker when Redis refused a delivery, and only logs it for the API', async () => {
+    const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10, callbackUrl: 'https://hooks.example.com/kf' }, 1000);
+    await store.addChunk(id, 0, Buffer.from('input-0'), 10);
+    await store.seal(id);
+    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    // A queue whose writes Redis refuses (out of memory): the enqueue's only Redis write fails.
+    const refusing = { add: async () => { throw new Error('OOM command not allowed when used memory > maxmemory'); }, close: async () => {} } as unknown as Queue<WebhookJobData>;
+    const lines: string[] = [];
+    const logger = createLogger({ level: 'warn', name: 'test', destination: { write: (line: string) => void lines.push(line) } });
+    const sender = new WebhookSender(refusing, { secret: 'webhook-secret-0123456789', allowedHosts: [], logger });
+    await expect(sender.enqueue(store, id)).rejects.toThrow(/OOM/);
+    sender.deliver(store, id);
+    await sender.close(); // waits for the delivery in flight
+    expect(lines.map((l) => JSON.parse(l).msg)).toEqual(['webhook not delivered']);
   });
 });
