@@ -43,7 +43,7 @@ export const CATALOGUE = {
   // Item-level codes: they appear inside results, one per failed item.
   KF_DECRYPT_FAILED: { status: 400, message: 'decryption failed' },
   KF_KEY_VERSION_DISABLED: { status: 400, message: 'the ciphertext key version is below minDecryptionVersion' },
-  KF_INVALID_ITEM: { status: 400, message: 'the item is not a JSON string (nor, in a synchronous request, a valid item object)' },
+  KF_INVALID_ITEM: { status: 400, message: 'the item is not a JSON string of well-formed UTF-8 text (nor, in a synchronous request, a valid item object)' },
   KF_INVALID_ENCODING: { status: 400, message: 'the item is not valid base64' },
   KF_ITEM_TOO_LARGE: { status: 400, message: 'the item is larger than the configured limit' },
   KF_NOT_UTF8: { status: 400, message: 'the plaintext is not valid UTF-8; request encoding "base64"' },

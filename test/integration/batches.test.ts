@@ -106,7 +106,7 @@ describe('batches', () => {
     expect(await client.waitForBatch(batchId)).toMatchObject({ status: 'completed', succeeded: 2, failed: 4 });
     const lines = await client.results(batchId);
     expect(lines.map((l) => l.plaintext ?? l.error?.code)).toEqual(['fine', 'KF_DECRYPT_FAILED', 'KF_INVALID_ITEM', 'KF_INVALID_ITEM', 'KF_DECRYPT_FAILED', 'fine']);
-    expect(lines[3]!.error!.message).toBe('the item is not a JSON string (nor, in a synchronous request, a valid item object)'); // '{not json': not JSON at all
+    expect(lines[3]!.error!.message).toBe('the item is not a JSON string of well-formed UTF-8 text (nor, in a synchronous request, a valid item object)'); // '{not json': not JSON at all
   });
 
   it('accepts a JSON body {"items": [...]} streamed in', async () => {

@@ -86,7 +86,7 @@ describe('sync encrypt and decrypt', () => {
   });
 
   it('fails an item that is not a string or an item object alone, as a bad line of an upload fails', async () => {
-    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, a valid item object)' } };
+    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string of well-formed UTF-8 text (nor, in a synchronous request, a valid item object)' } };
     const items = ['first', 42, null, { plaintext: 5 }, { plaintext: 'x', extra: 1 }, { plaintext: 'y', context: '' }, ['nested'], 'last', { plaintext: 'own' }];
     const sealed = (await post('/v1/encrypt/licences', { items })).json().results;
     expect(sealed.slice(1, 7)).toEqual(Array(6).fill(invalid));
@@ -101,7 +101,7 @@ describe('sync encrypt and decrypt', () => {
   });
 
   it('fails an item whose text has a lone surrogate alone on every route, and refuses a body that is not UTF-8 whole', async () => {
-    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string (nor, in a synchronous request, a valid item object)' } };
+    const invalid = { error: { code: 'KF_INVALID_ITEM', message: 'the item is not a JSON string of well-formed UTF-8 text (nor, in a synchronous request, a valid item object)' } };
     // JSON escapes that make no character: encoded, each became U+FFFD, other text than was sent.
     const lone = ['\ud800', 'a\udc00b', '😀\ud83d', { plaintext: '\udfff' }, { plaintext: 'x', context: 'c\ud800' }];
     const sealed = (await post('/v1/encrypt/licences', { items: ['first', ...lone, '😀'] })).json().results;
