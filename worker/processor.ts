@@ -58,7 +58,8 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       if (input === 'input-lost') {
         metrics.batches.inc({ event: 'failed' });
         log.warn('chunk input expired before it ran; batch failed');
-        await onBatchEnded?.(data.batchId);
+        // A rerun would find the batch ended and announce nothing: a refused enqueue is only logged.
+        await Promise.resolve(onBatchEnded?.(data.batchId)).catch((err: Error) => log.warn({ err: { message: err.message } }, 'webhook not delivered'));
       } else {
         log.debug({ completion: input }, 'nothing to run for this chunk');
         // Counted already, maybe by a run that completed the batch and never heard so (the
