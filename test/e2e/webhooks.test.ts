@@ -141,7 +141,8 @@ describe('webhooks without an allow-list', () => {
       for (let i = 0; i < 200; i++) {
         const job = await webhookJobs.getJob(webhookJobId(batchId));
         const state = job ? await job.getState() : 'missing';
-        if (state === 'completed' || state === 'failed') return { state, attemptsMade: job!.attemptsMade };
+        // Read again once settled: the job read before may have been still running (attempts 0).
+        if (state === 'completed' || state === 'failed') return { state, attemptsMade: (await webhookJobs.getJob(webhookJobId(batchId)))!.attemptsMade };
         await new Promise((r) => setTimeout(r, 50));
       }
       throw new Error(`the webhook job of ${batchId} did not settle`);
