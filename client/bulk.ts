@@ -186,8 +186,8 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
         let buffer = '';
         let pending = 0;
         for await (const line of client.resultLines(batchId, { from: written })) {
-          const { value, error } = resultValue(line);
-          const multiline = !error && !options.ndjson && value!.includes('\n');
+          const { value, error, lineBreak } = resultValue(line);
+          const multiline = lineBreak === true && !options.ndjson;
           if (error || multiline) {
             const item = written + pending;
             if (item >= reportFrom) {
@@ -229,12 +229,14 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
 }
 
 /** A result line's value, or its error. Ciphertext lines (the common case) skip JSON.parse. */
-function resultValue(line: string): { value?: string; error?: { code: string; message: string } } {
+function resultValue(line: string): { value?: string; error?: { code: string; message: string }; lineBreak?: boolean } {
   const marker = line.indexOf('"ciphertext":"');
+  // A ciphertext as it stands in the line: base64, no escapes, so no line break either.
   if (marker !== -1 && line.endsWith('"}')) return { value: line.slice(marker + 14, -2) };
   const parsed = JSON.parse(line) as { ciphertext?: string; plaintext?: string; error?: { code: string; message: string } };
   if (parsed.error) return { error: parsed.error };
-  return { value: parsed.ciphertext ?? parsed.plaintext ?? '' };
+  const value = parsed.ciphertext ?? parsed.plaintext ?? '';
+  return { value, lineBreak: value.includes('\n') };
 }
 
 async function write(out: WriteStream, text: string): Promise<void> {

@@ -4,7 +4,7 @@ import type { onRequestHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
 
 /** How long a connection answered before its body ended goes on reading, and dropping, what still arrives. */
-export const LINGER_MS = 2_000;
+const LINGER_MS = 2_000;
 
 /** Connections answered with `connection: close`, lingering: no further request on them runs. */
 const closing = new WeakSet<Socket>();
@@ -24,7 +24,7 @@ export const refuseOnClosingConnection: onRequestHookHandler = (request, _reply,
 /**
  * Has the connection of a request answered before its body ended close in stages (RFC 9112
  * §9.6): once the answer is written, a half-close tells the client it is over, and what the
- * client still sends is read and dropped until the body ends, the client closes, or `lingerMs`
+ * client still sends is read and dropped until the body ends, the client closes, or LINGER_MS
  * passes.
  *
  * Node closes such a connection as soon as the answer is written (`socket.destroySoon`, the
@@ -33,7 +33,7 @@ export const refuseOnClosingConnection: onRequestHookHandler = (request, _reply,
  * upload refused early (an unknown key, the tenant's batch limit) reached the CLI as EPIPE or
  * ECONNRESET instead of its 404 or 429, and a 429 was not retried.
  */
-export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS): void {
+export function closeAfterAnswer(request: IncomingMessage): void {
   const socket = request.socket as Socket | undefined;
   // A request made in-process (fastify's inject) has no socket of its own to close.
   if (typeof socket?.destroySoon !== 'function' || closing.has(socket)) return;
@@ -50,7 +50,7 @@ export function closeAfterAnswer(request: IncomingMessage, lingerMs = LINGER_MS)
     // parsed in the same read as the body's end is stopped by refuseOnClosingConnection).
     if (request.complete) return closeNow();
     if (socket.writable) socket.end();
-    const timer = setTimeout(() => socket.destroy(), lingerMs);
+    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
     timer.unref();
     socket.once('close', () => clearTimeout(timer));
     request.once('end', closeNow);

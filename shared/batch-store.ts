@@ -128,10 +128,10 @@ export class BatchStore {
 
   /**
    * Stores one chunk's inputs (sealed) and counts it, in one round trip; refused once the batch
-   * has ended. `firstIndex`: the batch-wide index of its first item (all chunks before it full).
+   * has ended. Every chunk before it holds `count` items too.
    */
-  async addChunk(id: string, chunk: number, packed: Buffer, count: number, firstIndex = chunk * count): Promise<void> {
-    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count, firstIndex);
+  async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
+    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count, chunk * count);
   }
 
   /**
@@ -226,10 +226,10 @@ export class BatchStore {
    * never a guess that would number the results wrongly.
    */
   async chunkLayout(batch: BatchRecord): Promise<ChunkLayout> {
+    if (!batch.chunkStarts) return new EvenChunks(batch.chunkItems);
     const raw = await this.#redis.getBuffer(this.#keys.batchStarts(batch.id));
     if (raw && raw.length >= batch.chunks * 4) return new StoredChunkStarts(raw, batch.chunks);
-    if (batch.chunkStarts) throw new KeyfleetError('KF_BATCH_DELETED');
-    return new EvenChunks(batch.chunkItems);
+    throw new KeyfleetError('KF_BATCH_DELETED');
   }
 
   /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */

@@ -75,10 +75,7 @@ export class KeyPolicy {
   /** Counts `count` encryptions under `ring`'s latest version; never throws (counting must not fail the work done). */
   counted(tenant: string, ring: KeyRing, count: number): void {
     if (count <= 0) return;
-    const id = this.#id(tenant, ring.name, ring.latestVersion);
-    const entry = this.#pending.get(id);
-    if (entry) entry.count += count;
-    else this.#pending.set(id, { tenant, ring, count });
+    this.#pend(tenant, ring, count);
     if (count >= COUNT_NOW) void this.flush();
     else this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
   }
@@ -111,10 +108,7 @@ export class KeyPolicy {
         this.#logger.error({ tenant, key: ring.name, version, count }, 'encryptions left uncounted at close');
         return;
       }
-      const id = this.#id(tenant, ring.name, version);
-      const entry = this.#pending.get(id);
-      if (entry) entry.count += count;
-      else this.#pending.set(id, { tenant, ring, count });
+      this.#pend(tenant, ring, count);
       // Backing off: a Redis that refuses writes (out of memory, read-only) is not sent one more
       // 20 times a second by every replica.
       this.#refused++;
@@ -129,6 +123,14 @@ export class KeyPolicy {
     if (this.#policy.rotateShare > 0 && total >= this.#policy.rotateShare * this.#policy.limit) {
       await this.#rotate(tenant, ring.name, version, 'nonce_budget').catch((err: Error) => this.#logger.warn({ err: { message: err.message } }, 'automatic rotation failed'));
     }
+  }
+
+  /** Adds `count` to what waits to be written for `ring`'s latest version. */
+  #pend(tenant: string, ring: KeyRing, count: number): void {
+    const id = this.#id(tenant, ring.name, ring.latestVersion);
+    const entry = this.#pending.get(id);
+    if (entry) entry.count += count;
+    else this.#pending.set(id, { tenant, ring, count });
   }
 
   /** Encryptions under a version as far as this process knows: Redis's latest total, plus its own unwritten ones. */

@@ -88,8 +88,8 @@ const isContext = (value: unknown): value is string =>
  * upload does) instead of failing the request.
  *
  * Checked by hand rather than by a zod union that `.catch`es: the union builds its issues for
- * every element that fails it (~3 µs each, against ~0.15 µs for a string), so that a 16 MB body
- * of numbers held the event loop for ~30 s, before the rate limiter saw the request.
+ * every element that fails it (a million numbers: 2.8 s, against 37 ms for this check), so that
+ * a 16 MB body of numbers held the event loop for over 20 s, before the rate limiter saw it.
  */
 export function readSyncItem(element: unknown): SyncItem {
   if (typeof element === 'string') return isText(element) ? element : null;
