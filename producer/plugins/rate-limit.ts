@@ -40,7 +40,10 @@ export const SYNC_RATE_LIMIT = { groupId: 'sync' } as const;
 
 /**
  * Per-tenant rate limits counted in Redis (@fastify/rate-limit's Redis store), so every API
- * replica draws on one budget, and the sync routes on one budget between them. It runs after authentication (preHandler) to know the tenant.
+ * replica draws on one budget, and the sync routes on one budget between them. It runs as a
+ * route's onRequest hook, after authentication's (an app-wide onRequest hook, so first) names the
+ * tenant, and before the body is read: a tenant over its budget costs the API no body parsing,
+ * whatever it sends (up to MAX_BODY_BYTES of JSON, had it waited for the preHandler).
  * When Redis is down it lets requests through: the sync path goes on with the keys it has
  * cached, and a limiter should not turn a Redis outage into a full one.
  */
@@ -49,7 +52,7 @@ export const rateLimitPlugin = fp(async (app: FastifyInstance, { redis, prefix, 
   await app.register(rateLimit, {
     global: false,
     store: groupedRedisStore(redis, `${prefix}:rate:`),
-    hook: 'preHandler',
+    hook: 'onRequest',
     max: perSecond,
     timeWindow: 1_000,
     skipOnError: true,

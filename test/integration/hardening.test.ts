@@ -292,6 +292,31 @@ describe('backpressure and rate limits', () => {
     expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['x'] })).statusCode).toBe(200);
   });
 
+  it('refuses a tenant over its budget before reading the body', async () => {
+    const address = await replica.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = new URL(address);
+    // The headers of a 1 MB body, and no body: a limiter that waited for it would answer
+    // nothing until UPLOAD_IDLE_SECONDS, then 408. A lapsed window (a stalled machine) gets
+    // another try.
+    for (let attempt = 1; ; attempt++) {
+      await sleep(1_100);
+      for (let i = 0; i < 6; i++) await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] });
+      const answer = await new Promise<string>((resolve, reject) => {
+        const socket = connect(Number(port), '127.0.0.1');
+        let text = '';
+        const timer = setTimeout(() => socket.destroy(), 2_000);
+        socket.on('data', (piece) => (text += piece.toString('latin1')));
+        socket.on('close', () => (clearTimeout(timer), resolve(text)));
+        socket.on('error', reject);
+        socket.write(`POST /v1/encrypt/serials HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer ${admin.token}\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\nconnection: close\r\n\r\n{"items":[`);
+      });
+      if (!answer.startsWith('HTTP/1.1 429') && attempt < 3) continue;
+      expect(answer).toMatch(/^HTTP\/1\.1 429 /);
+      expect(answer).toContain('"KF_RATE_LIMITED"');
+      break;
+    }
+  });
+
   it('counts one replica’s requests against another’s, and the three sync routes as one budget', async () => {
     // All seven requests must fall in one 1 s window; a stalled machine gets another try.
     for (let attempt = 1; ; attempt++) {
