@@ -1,14 +1,14 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
-import { connect, createServer as createTcpServer, type Socket } from 'node:net';
+import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetApiError, KeyfleetClient, KeyfleetConnectionError, retryDelayMs } from '../../client/index.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
+import { freePort, tcpProxy } from '../helpers/net.js';
 import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
@@ -178,38 +178,30 @@ describe('the keyfleet CLI', () => {
     // second 502, as a gateway does while the API behind it restarts.
     let cuts = 0;
     let gatewayAnswers = 0;
-    const sockets = new Set<Socket>();
-    const proxy = createTcpServer((client) => {
-      const upstream = connect(Number(new URL(url).port), '127.0.0.1');
-      for (const socket of [client, upstream]) sockets.add(socket.once('close', () => sockets.delete(socket)));
-      let cutting = false;
-      let answered = 0;
-      client.on('data', (d: Buffer) => {
-        const results = /^GET \/v1\/batches\/[^/]+\/results/.test(d.toString('latin1'));
+    const cutting = new WeakMap<Socket, { answered: number }>();
+    const proxy = await tcpProxy('127.0.0.1', Number(new URL(url).port), {
+      fromClient(data, { client, upstream }) {
+        const results = /^GET \/v1\/batches\/[^/]+\/results/.test(data.toString('latin1'));
         if (results && cuts === 1 && gatewayAnswers === 0) {
           gatewayAnswers++;
           client.end('HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
-          upstream.destroy();
           return;
         }
-        if (results && cuts === 0) cutting = true;
-        upstream.write(d);
-      });
-      upstream.on('data', (d: Buffer) => {
-        client.write(d);
-        if (cutting && (answered += d.length) > 300_000) {
+        if (results && cuts === 0) cutting.set(client, { answered: 0 });
+        upstream.write(data);
+      },
+      fromUpstream(data, connection) {
+        connection.client.write(data);
+        const cut = cutting.get(connection.client);
+        if (cut && (cut.answered += data.length) > 300_000) {
           cuts++;
-          cutting = false;
-          client.destroy();
-          upstream.destroy();
+          cutting.delete(connection.client);
+          connection.cut();
         }
-      });
-      client.on('error', () => upstream.destroy()).on('end', () => upstream.end());
-      upstream.on('error', () => client.destroy()).on('end', () => client.end());
+      },
     });
-    await new Promise<void>((ok) => proxy.listen(0, '127.0.0.1', ok));
     try {
-      const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'cut.enc', '--out', 'cut.dec'], { KEYFLEET_URL: `http://127.0.0.1:${(proxy.address() as { port: number }).port}` });
+      const { code, stderr } = await keyfleet(['decrypt', '--key', 'serials', '--in', 'cut.enc', '--out', 'cut.dec'], { KEYFLEET_URL: `http://127.0.0.1:${proxy.port}` });
       expect(code, stderr).toBe(2);
       expect(cuts).toBe(1);
       expect(gatewayAnswers).toBe(1);
@@ -224,8 +216,7 @@ describe('the keyfleet CLI', () => {
       expect(out[0]).toBe('SN-0000001-0 ünïcode ✓');
       expect(out[19_998]).toBe(readFileSync(path('serials.dec'), 'utf8').split('\n')[19_998]);
     } finally {
-      for (const socket of sockets) socket.destroy();
-      await new Promise((ok) => proxy.close(ok));
+      await proxy.close();
     }
   });
 

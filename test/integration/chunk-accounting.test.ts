@@ -3,7 +3,7 @@ import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { randomBytes } from 'node:crypto';
-import net from 'node:net';
+import type { Socket } from 'node:net';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { BatchStore } from '../../shared/batch-store.js';
 import { RedisKeys } from '../../shared/redis.js';
@@ -14,6 +14,7 @@ import type { WebhookJobData } from '../../shared/queue.js';
 import { createChunkProcessor } from '../../worker/processor.js';
 import { WebhookSender } from '../../shared/webhooks.js';
 import { testEnv } from '../helpers/env.js';
+import { tcpProxy } from '../helpers/net.js';
 
 const { env } = testEnv();
 let redis: Redis;
@@ -155,39 +156,26 @@ describe('chunk accounting', () => {
  * `marker` never arrives and the connection breaks, as in a network fault after Redis ran the
  * command. ioredis then sends the unanswered commands again on a new connection.
  */
-async function replyLosingProxy(marker: string): Promise<{ url: string; close: () => void }> {
+async function replyLosingProxy(marker: string): Promise<{ url: string; lost: () => boolean; close: () => Promise<void> }> {
   const { hostname, port } = new URL(env['REDIS_URL']!);
   let armed = true;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(port), hostname);
-    let loseReply = false;
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on('error', () => {});
-      s.on('close', () => sockets.delete(s));
-    }
-    client.on('data', (data) => {
-      if (armed && data.includes(marker)) [armed, loseReply] = [false, true];
+  let lost = false;
+  const losing = new WeakSet<Socket>();
+  const proxy = await tcpProxy(hostname, Number(port), {
+    fromClient(data, { client, upstream }) {
+      if (armed && data.includes(marker)) {
+        armed = false;
+        losing.add(client); // the reply to this command, and the connection with it, are lost
+      }
       upstream.write(data);
-    });
-    upstream.on('data', (data) => {
-      if (!loseReply) return void client.write(data);
-      client.destroy();
-      upstream.destroy();
-    });
-    client.on('close', () => upstream.destroy());
-    upstream.on('close', () => client.destroy());
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port: own } = server.address() as net.AddressInfo;
-  return {
-    url: `redis://127.0.0.1:${own}`,
-    close: () => {
-      for (const s of sockets) s.destroy();
-      server.close();
     },
-  };
+    fromUpstream(data, connection) {
+      if (!losing.has(connection.client)) return void connection.client.write(data);
+      lost = true;
+      connection.cut();
+    },
+  });
+  return { url: `redis://127.0.0.1:${proxy.port}`, lost: () => lost, close: proxy.close };
 }
 
 describe('a reply lost on the way back (ioredis sends the command again)', () => {
@@ -196,7 +184,8 @@ describe('a reply lost on the way back (ioredis sends the command again)', () =>
     const client = new Redis(proxy.url);
     client.on('error', () => {}); // the broken connection; ioredis reconnects
     const lossy = new BatchStore(client, keys, { resultTtlSeconds: 600, uploadIdleSeconds: 60, sealer });
-    return { lossy, done: async () => void (await client.quit(), proxy.close()) };
+    // A proxy that lost nothing would leave these tests proving nothing.
+    return { lossy, done: async () => void (await client.quit(), await proxy.close(), expect(proxy.lost()).toBe(true)) };
   }
 
   it('creating a batch counts once against its tenant\'s limit', async () => {
