@@ -50,6 +50,39 @@ function refuseQuery(request: FastifyRequest, _reply: FastifyReply, done: (err?:
   done(new KeyfleetError('KF_VALIDATION', `querystring: unrecognized parameter(s) ${unknown.slice(0, 5).map((k) => JSON.stringify(k.slice(0, 64))).join(', ')}`));
 }
 
+const MALFORMED_ESCAPE = 'holds a malformed percent-escape (expected %XX escapes of UTF-8 bytes; a literal % is %25)';
+
+const decodes = (text: string): boolean => {
+  try {
+    decodeURIComponent(text);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/**
+ * fastify's query parser keeps a part it cannot decode (`context=%FF`, `context=100%`) as its
+ * literal text, so a route would take a value the caller never sent: as a batch's context, bound
+ * into every ciphertext. Such a query is a 400 naming the parameter, never its value (a context
+ * is tenant data). Only a URL with a `%` after its `?` is read again.
+ */
+function refuseMalformedQuery(request: FastifyRequest, _reply: FastifyReply, done: (err?: Error) => void): void {
+  const url = request.url;
+  const at = url.indexOf('?');
+  if (at === -1 || url.indexOf('%', at) === -1) return done();
+  for (const part of url.slice(at + 1).split('&')) {
+    const equals = part.indexOf('=');
+    const name = equals === -1 ? part : part.slice(0, equals);
+    if (!decodes(name)) return done(new KeyfleetError('KF_VALIDATION', `querystring: a parameter name ${MALFORMED_ESCAPE}`));
+    if (equals !== -1 && !decodes(part.slice(equals + 1))) {
+      const shown = JSON.stringify(decodeURIComponent(name.replaceAll('+', ' ')).slice(0, 64));
+      return done(new KeyfleetError('KF_VALIDATION', `querystring: parameter ${shown} ${MALFORMED_ESCAPE}`));
+    }
+  }
+  return done();
+}
+
 /** Builds the API without listening. Everything it opens is closed by `app.close()`. */
 export async function buildApp({ config, logger }: AppOptions): Promise<FastifyInstance> {
   if (config.tokens.length === 0) {
@@ -93,10 +126,11 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.addHook('preParsing', bodyPauseLimit(config.uploadIdleSeconds));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
-  // schema; the others get this check when they are registered (not a hook on every request).
+  // schema, and values they could not decode here; the others refuse any parameter. Each check
+  // is added when a route is registered (not a hook on every request).
   app.addHook('onRoute', (route) => {
-    if (!route.url.startsWith('/v1/') || route.schema?.querystring) return;
-    route.preValidation = [...[route.preValidation ?? []].flat(), refuseQuery];
+    if (!route.url.startsWith('/v1/')) return;
+    route.preValidation = [...[route.preValidation ?? []].flat(), route.schema?.querystring ? refuseMalformedQuery : refuseQuery];
   });
 
   const services = createApiServices(config, app.log as Logger);

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { IdempotencyStore, pendingMs } from '../../producer/idempotency.js';
 import { AtRestSealer } from '../../shared/at-rest.js';
+import { chunkJobId } from '../../shared/queue.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { testEnv, type TestTenant } from '../helpers/env.js';
@@ -220,6 +221,36 @@ describe('limits', () => {
     const [batchId] = (await redis.smembers(`${prefix}:tenant:acme:batches`)).filter((id) => id !== toDelete);
     const status = await call(idleApp, idle.admin, 'GET', `/v1/batches/${batchId}`);
     expect(status.json()).toMatchObject({ status: 'failed', error: { code: 'KF_REQUEST_TIMEOUT' } });
+  });
+});
+
+describe('query strings', () => {
+  const { env, admin } = testEnv();
+  let app: FastifyInstance;
+  beforeAll(async () => {
+    app = await api(env);
+    expect((await call(app, admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+  const uploadWith = (query: string) => call(app, admin, 'POST', `/v1/batches?op=encrypt&key=serials&${query}`, ndjson(['a']), { 'content-type': 'application/x-ndjson' });
+
+  it('refuses a query value with a malformed percent-escape, naming the parameter but not the value, and makes no batch', async () => {
+    // fastify's parser keeps such a value as its literal text: %FF would have become the context.
+    for (const context of ['%FF', '100%', 'acme%2', '%E2%82']) {
+      const refused = await uploadWith(`context=${context}`);
+      expect(refused.statusCode).toBe(400);
+      expect(refused.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring: parameter "context" holds a malformed percent-escape (expected %XX escapes of UTF-8 bytes; a literal % is %25)' });
+    }
+    const name = await uploadWith('%FF=1');
+    expect(name.statusCode).toBe(400);
+    expect(name.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring: a parameter name holds a malformed percent-escape (expected %XX escapes of UTF-8 bytes; a literal % is %25)' });
+    expect(await redis.keys(`${env['KEYFLEET_PREFIX']}:batch:*`)).toEqual([]);
+    const results = await call(app, admin, 'GET', '/v1/batches/abcdefgh/results?from=1%');
+    expect(results.statusCode).toBe(400);
+    expect(results.json().error).toEqual({ code: 'KF_VALIDATION', message: expect.stringContaining('parameter "from" holds a malformed percent-escape') });
+    // Well-formed escapes are read as before: %25 is a literal %.
+    const escaped = await uploadWith('context=100%25%20%E2%82%AC');
+    expect(escaped.statusCode).toBe(202);
+    expect((await app.services.queue.getJob(chunkJobId(escaped.json().batchId, 0)))?.data.context).toBe('100% €');
   });
 });
 
