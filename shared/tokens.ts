@@ -22,6 +22,15 @@ const NAME = /^[A-Za-z0-9._-]{1,64}$/;
 /** The longest token: the API reads at most this many characters after `Bearer ` (auth plugin). */
 export const MAX_TOKEN_LENGTH = 512;
 
+/**
+ * The characters of a token, as a regex class: visible ASCII, what the auth plugin reads after
+ * `Bearer `. RFC 6750's b64token (letters, digits, `-._~+/`, trailing `=`) is a subset, and what
+ * generated tokens use; the other visible characters authenticate as well, so they stay allowed.
+ * A space, a control or a non-ASCII character could only ever be sent through HTTP Basic.
+ */
+export const TOKEN_CHARACTERS = '\\x21-\\x7e';
+const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]+$`);
+
 /** Parses `tenant:token[:scope+scope…]` entries separated by commas. Errors never echo a token. */
 export function parseTokens(spec: string): TokenEntry[] {
   const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
@@ -32,6 +41,9 @@ export function parseTokens(spec: string): TokenEntry[] {
     // A longer one could never authenticate. Its length, not its content, goes in the message.
     if (token.length > MAX_TOKEN_LENGTH) {
       throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
+    }
+    if (!TOKEN.test(token)) {
+      throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it`);
     }
     if (extra !== undefined) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected tenant:token[:scope+scope], got more fields`);
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');

@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import type { KeyType } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
-import { MAX_TOKEN_LENGTH, type Principal, type Scope, type TokenVerifier } from '../../shared/tokens.js';
+import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS, type Principal, type Scope, type TokenVerifier } from '../../shared/tokens.js';
 import { DOCS_PATH } from './docs.js';
 
 declare module 'fastify' {
@@ -15,8 +15,9 @@ declare module 'fastify' {
   }
 }
 
-// Bounded so a huge header costs nothing to reject; KEYFLEET_TOKENS refuses longer tokens.
-const BEARER = new RegExp(`^Bearer ([\\x21-\\x7e]{1,${MAX_TOKEN_LENGTH}})$`, 'i');
+// Bounded so a huge header costs nothing to reject; KEYFLEET_TOKENS refuses the tokens this
+// could not read (longer ones, or ones of other characters).
+const BEARER = new RegExp(`^Bearer ([${TOKEN_CHARACTERS}]{1,${MAX_TOKEN_LENGTH}})$`, 'i');
 const BASIC = /^Basic ([A-Za-z0-9+/=]{1,1024})$/i;
 
 /** The token of a request: `Bearer <token>`, or HTTP Basic with the token as password (for browsers). */

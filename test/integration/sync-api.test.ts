@@ -173,6 +173,20 @@ describe('auth and input errors', () => {
     }
   });
 
+  it('authenticates a token of any visible ASCII character KEYFLEET_TOKENS accepts, through Bearer and Basic alike', async () => {
+    // All of ! to ~ but : and , (they separate fields and entries), spaced out with random text.
+    const visible = Array.from({ length: 0x7e - 0x21 + 1 }, (_, i) => String.fromCharCode(0x21 + i)).filter((c) => c !== ':' && c !== ',').join('');
+    const symbols = { tenant: 'acme', token: `${visible}${randomBytes(8).toString('hex')}` };
+    const symbolsApp = await buildApp({ config: configFrom({ ...env, KEYFLEET_TOKENS: `${env['KEYFLEET_TOKENS']},${symbols.tenant}:${symbols.token}:keys` }) });
+    try {
+      expect((await symbolsApp.inject({ method: 'POST', url: '/v1/keys/visible-token', headers: bearer(symbols) })).statusCode).toBe(201);
+      const basic = { authorization: `Basic ${Buffer.from(`acme:${symbols.token}`).toString('base64')}` };
+      expect((await symbolsApp.inject({ method: 'GET', url: '/v1/keys/visible-token', headers: basic })).statusCode).toBe(200);
+    } finally {
+      await symbolsApp.close();
+    }
+  });
+
   it('answers bad bodies with a 4xx and a stable code', async () => {
     const cases: Array<[unknown, string, number]> = [
       [{ items: 'a' }, 'KF_VALIDATION', 400],

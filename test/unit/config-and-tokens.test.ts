@@ -75,6 +75,18 @@ describe('tokens', () => {
     expect(parseTokens(`globex:${tooLong.slice(0, 512)}`)[0]?.token).toHaveLength(512);
   });
 
+  it('refuses a token that cannot be sent after Bearer (a space, a control or a non-ASCII character), naming the tenant and the rule, not the token', () => {
+    const errorOf = (tokens: string): string => { try { loadConfig({ KEYFLEET_TOKENS: tokens }); } catch (e) { return (e as Error).message; } return ''; };
+    for (const bad of [' ', '\t', '\u0000', '\u007f', '\u00a0', 'ü', '€']) {
+      const error = errorOf(`acme:aaaaaaaaaaaaaaaa,globex:Xq7Zk9Wm${bad}Rt5Yp2Ln:encrypt`);
+      expect(error).toMatch(/KEYFLEET_TOKENS: entry 2 \(tenant globex\): expected a token of visible ASCII characters \(! to ~: no space, control or non-ASCII character\)/);
+      expect(error).not.toMatch(/Xq7Zk9Wm|Rt5Yp2Ln/);
+    }
+    // Every visible ASCII character the entry format leaves (: and , separate entries and fields).
+    const visible = Array.from({ length: 0x7e - 0x21 + 1 }, (_, i) => String.fromCharCode(0x21 + i)).filter((c) => c !== ':' && c !== ',').join('');
+    expect(parseTokens(`acme:${visible}`)[0]?.token).toBe(visible);
+  });
+
   it('verifies the right token only', () => {
     const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb'));
     expect(verifier.verify('bbbbbbbbbbbbbbbb')?.tenant).toBe('globex');
