@@ -18,6 +18,14 @@ const timerSeconds = (min: number) => {
   return z.coerce.number().int().min(min).max(max, `expected at most ${max} s (about 24.8 days: 2^31−1 ms, the longest delay of Node's timers)`);
 };
 
+/**
+ * Redis refuses an expiry whose end, in milliseconds since 1970, passes 2^63−1: about 9.2e15 s
+ * from now ("invalid expire time"). A batch's chunk inputs live twice the larger of
+ * RESULT_TTL_SECONDS and a week (shared/batch-store.ts), so 2^52 s is the most it may be: doubled,
+ * 2^53 s in ms is 9.007e18, within that end for millions of years.
+ */
+const MAX_RESULT_TTL_SECONDS = 2 ** 52;
+
 const masterKey = z
   .string()
   .transform((value, ctx) => {
@@ -67,7 +75,13 @@ const envSchema = z.object({
   WORKER_THREADS: int(1, 256).default(availableParallelism()),
   /** Chunks one worker process holds at once; more than the thread count so Redis I/O overlaps crypto. */
   WORKER_CONCURRENCY: int(1, 1024).optional(),
-  RESULT_TTL_SECONDS: int(60).default(86_400),
+  /** How long a batch's status and results stay once it ended. At most 2^52 s: Redis expiries hold twice it. */
+  RESULT_TTL_SECONDS: z.coerce
+    .number()
+    .int()
+    .min(60)
+    .max(MAX_RESULT_TTL_SECONDS, `expected at most ${MAX_RESULT_TTL_SECONDS} s (2^52: chunk inputs live twice it, and Redis refuses an expiry past 2^63−1 ms since 1970)`)
+    .default(86_400),
   /**
    * BullMQ lock on a chunk; a worker that dies loses its chunks to another after about this long.
    * Also BullMQ's stalled-check interval, a timer: at most 2^31−1 ms.
@@ -111,7 +125,10 @@ const envSchema = z.object({
    */
   NONCE_LIMIT: int(1, 2 ** 32).default(2 ** 32),
   NONCE_ROTATE_SHARE: z.coerce.number().min(0).max(1).default(0.5),
-  /** How long an Idempotency-Key and the answer it gave are kept. */
+  /**
+   * How long an Idempotency-Key and the answer it gave are kept. Only ever a Redis EX of this
+   * value, never doubled nor in ms: any safe integer is an expiry Redis takes.
+   */
   IDEMPOTENCY_TTL_SECONDS: int(60).default(86_400),
   /**
    * Niceness of a worker process, its event loop and crypto threads alike (0 = as the API, 19 =

@@ -185,3 +185,35 @@ describe('chunks of a batch that is gone', () => {
     expect(await redis.get(own.backlogItems())).toBe('0');
   });
 });
+
+describe('the longest RESULT_TTL_SECONDS', () => {
+  const sealer = new AtRestSealer(randomBytes(32));
+  const outcome = (count: number) => ({ count, succeeded: count, failed: 0, results: Buffer.from('r\n') });
+  const spec = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 } as const;
+  const own = new RedisKeys(`{kft-longest-${randomBytes(4).toString('hex')}}`);
+  afterAll(async () => {
+    const left = await redis.keys(`${own.prefix}*`);
+    if (left.length > 0) await redis.del(...left);
+  });
+
+  it('stores, runs and keeps a batch under the longest one accepted; past it, Redis refuses the lifetime of every chunk’s input', async () => {
+    const longest = configFrom({ ...env, RESULT_TTL_SECONDS: String(2 ** 52) }).resultTtlSeconds;
+    const store = new BatchStore(redis, own, { resultTtlSeconds: longest, uploadIdleSeconds: 60, sealer });
+    const id = await store.create(spec, 1000);
+    for (const c of [0, 1]) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
+    expect(await redis.ttl(own.batchInput(id, 0))).toBeGreaterThan(2 * longest - 60); // inputs live twice as long
+    expect(await store.seal(id)).toBe('progress');
+    expect(await store.completeChunk(id, 0, outcome(10))).toBe('progress');
+    expect(await store.completeChunk(id, 1, outcome(10))).toBe('completed');
+    for (const key of [own.batch(id), own.batchDone(id), own.batchResult(id, 0), own.batchResult(id, 1)]) {
+      expect(await redis.ttl(key)).toBeGreaterThan(longest - 60);
+    }
+    expect((await store.readResults(id, 1))?.length).toBeGreaterThan(0);
+
+    // The inputs' lifetime, twice the largest safe integer of seconds, passes what a Redis
+    // expiry holds (its end in ms since 1970 within 2^63−1): every upload would fail.
+    const beyond = new BatchStore(redis, own, { resultTtlSeconds: Number.MAX_SAFE_INTEGER, uploadIdleSeconds: 60, sealer });
+    const refused = await beyond.create(spec, 1000);
+    await expect(beyond.addChunk(refused, 0, Buffer.from('input-0'), 10)).rejects.toThrow(/invalid expire time/);
+  });
+});

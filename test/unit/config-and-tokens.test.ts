@@ -53,6 +53,15 @@ describe('configuration', () => {
     for (const ms of [longest.uploadIdleSeconds * 1000, longest.workerDrainSeconds * 1000, longest.jobLockMs]) expect(ms).toBeLessThanOrEqual(2 ** 31 - 1);
   });
 
+  it('refuses a RESULT_TTL_SECONDS whose doubled lifetime Redis would refuse as an expiry, naming the variable, the maximum and the value', () => {
+    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
+    const max = 2 ** 52;
+    for (const value of [String(max + 1), String(Number.MAX_SAFE_INTEGER), '1e16']) {
+      expect(errorOf({ RESULT_TTL_SECONDS: value })).toMatch(new RegExp(`RESULT_TTL_SECONDS: expected at most ${max} s .*\\(got "${value}"\\)`));
+    }
+    expect(loadConfig({ RESULT_TTL_SECONDS: String(max) }).resultTtlSeconds).toBe(max);
+  });
+
   it('reads an empty variable as unset: its default applies, not 0', () => {
     expect(loadConfig({ PORT: '', SYNC_RATE_LIMIT: ' ', CHUNK_ITEMS: '' })).toMatchObject({ port: 8080, syncRateLimit: 5_000, chunkItems: 10_000 });
     expect(loadConfig({ SYNC_RATE_LIMIT: '0' }).syncRateLimit).toBe(0);
