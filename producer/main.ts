@@ -1,6 +1,5 @@
-import { loadConfig } from '../shared/config.js';
-import { createLogger } from '../shared/logger.js';
 import { drainOnSignals } from '../shared/shutdown.js';
+import { startProcess } from '../shared/startup.js';
 import { buildApp } from './app.js';
 
 /**
@@ -11,20 +10,20 @@ import { buildApp } from './app.js';
  */
 const SHUTDOWN_DEADLINE_MS = 25_000;
 
-/** The API server entry: listens on HOST:PORT and drains on SIGTERM/SIGINT. */
-const config = loadConfig();
-const logger = createLogger({ level: config.logLevel, name: 'keyfleet-api' });
-const app = await buildApp({ config, logger });
-await app.listen({ host: config.host, port: config.port });
+/** The API server entry: listens on HOST:PORT and drains on SIGTERM/SIGINT; one that cannot start exits 1. */
+await startProcess('keyfleet-api', async (config, logger) => {
+  const app = await buildApp({ config, logger });
+  await app.listen({ host: config.host, port: config.port });
 
-drainOnSignals({
-  logger,
-  close: () => app.close(),
-  deadlineMs: SHUTDOWN_DEADLINE_MS,
-  deadlineFields: { deadlineMs: SHUTDOWN_DEADLINE_MS },
-  messages: {
-    draining: 'shutting down',
-    deadline: 'shutdown not finished in time: exiting',
-    forced: 'second signal: exiting without finishing the requests in flight',
-  },
+  drainOnSignals({
+    logger,
+    close: () => app.close(),
+    deadlineMs: SHUTDOWN_DEADLINE_MS,
+    deadlineFields: { deadlineMs: SHUTDOWN_DEADLINE_MS },
+    messages: {
+      draining: 'shutting down',
+      deadline: 'shutdown not finished in time: exiting',
+      forced: 'second signal: exiting without finishing the requests in flight',
+    },
+  });
 });

@@ -79,16 +79,17 @@ describe('worker fleet', { timeout: 300_000 }, () => {
     expect(lines.map((l) => l.i)).toEqual(Array.from({ length: 100_000 }, (_, i) => i));
   });
 
-  it('a second worker on a host whose metrics port the first holds exits 1 naming WORKER_METRICS_PORT, and the first keeps serving', async () => {
+  it('a second worker on a host whose metrics port the first holds exits 1 with one fatal line naming WORKER_METRICS_PORT, and the first keeps serving', async () => {
     const first = await startWorker(env);
     processes.push(first);
     const port = (JSON.parse(await first.waitFor(/"msg":"worker started"/)) as { metricsPort: number }).metricsPort;
     const second = runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info', WORKER_METRICS_PORT: String(port) });
     processes.push(second);
     expect(await second.exited).toBe(1);
-    const output = second.lines.join('\n');
-    expect(output).toContain(`WORKER_METRICS_PORT: port ${port} on 127.0.0.1 is in use`);
-    expect(output).toContain('each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one');
+    // One fatal JSON line says why, as every other line of a worker is JSON; no stack on stderr.
+    expect(second.stderr).toEqual([]);
+    const fatal = second.stdout.map((l) => JSON.parse(l) as { level: number; msg: string; err?: { message: string } }).filter((l) => l.level === 60);
+    expect(fatal).toMatchObject([{ msg: 'could not start', err: { message: `WORKER_METRICS_PORT: port ${port} on 127.0.0.1 is in use: each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one` } }]);
     expect(second.lines.some((l) => l.includes('"msg":"worker started"'))).toBe(false);
     expect((await fetch(`http://127.0.0.1:${port}/healthz`)).status).toBe(200);
   });

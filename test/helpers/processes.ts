@@ -9,6 +9,9 @@ export interface RunningProcess {
   readonly child: ChildProcess;
   /** Every line the process wrote to stdout and stderr so far (pino JSON lines). */
   readonly lines: string[];
+  /** The lines of stdout alone, and of stderr alone. */
+  readonly stdout: string[];
+  readonly stderr: string[];
   /** Resolves with the first line matching `pattern`, waiting up to `timeoutMs`. */
   waitFor(pattern: RegExp, timeoutMs?: number): Promise<string>;
   /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code (null when killed). */
@@ -17,15 +20,18 @@ export interface RunningProcess {
   readonly exited: Promise<number | null>;
 }
 
-/** Runs a built entry (`dist/…`) as a real process, as production does. */
-export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Record<string, string>): RunningProcess {
+/** Runs a built entry (`dist/…`, or in another copy of `dist`) as a real process, as production does. */
+export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Record<string, string>, dist = resolve(root, 'dist')): RunningProcess {
   const flags = entry === 'producer/main.js' ? API_NODE_FLAGS : [];
-  const child = spawn(process.execPath, [...flags, resolve(root, 'dist', entry)], { env: { PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [...flags, resolve(dist, entry)], { env: { PATH: process.env['PATH'] ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
+  const stdout: string[] = [];
+  const stderr: string[] = [];
   const waiters: Array<{ pattern: RegExp; done: (line: string) => void }> = [];
-  const onLine = (line: string): void => {
+  const onLine = (stream: string[]) => (line: string): void => {
     if (!line) return;
     lines.push(line);
+    stream.push(line);
     for (const w of [...waiters]) {
       if (w.pattern.test(line)) {
         waiters.splice(waiters.indexOf(w), 1);
@@ -34,14 +40,16 @@ export function runEntry(entry: 'producer/main.js' | 'worker/main.js', env: Reco
     }
   };
   // Whole lines per stream, however the pipe splits them between reads.
-  createInterface({ input: child.stdout!, crlfDelay: Infinity }).on('line', onLine);
-  createInterface({ input: child.stderr!, crlfDelay: Infinity }).on('line', onLine);
+  createInterface({ input: child.stdout!, crlfDelay: Infinity }).on('line', onLine(stdout));
+  createInterface({ input: child.stderr!, crlfDelay: Infinity }).on('line', onLine(stderr));
   // 'close', not 'exit': it comes once the output is read to the end, so `lines` is complete.
   const exited = new Promise<number | null>((done) => child.once('close', (code) => done(code)));
 
   return {
     child,
     lines,
+    stdout,
+    stderr,
     exited,
     waitFor(pattern, timeoutMs = 20_000) {
       const seen = lines.find((l) => pattern.test(l));

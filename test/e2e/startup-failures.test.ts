@@ -1,0 +1,150 @@
+import { randomBytes } from 'node:crypto';
+import { cpSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { testEnv } from '../helpers/env.js';
+import { freePort } from '../helpers/net.js';
+import { runEntry, type RunningProcess } from '../helpers/processes.js';
+
+type Entry = 'producer/main.js' | 'worker/main.js';
+const NAMES: Record<Entry, string> = { 'producer/main.js': 'keyfleet-api', 'worker/main.js': 'keyfleet-worker' };
+
+/** A process that fails to start should be gone well within this; one still running is killed. */
+const EXIT_WITHIN_MS = 15_000;
+
+const { env } = testEnv({ LOG_LEVEL: 'info' });
+const running: RunningProcess[] = [];
+const held: Server[] = [];
+
+afterAll(async () => {
+  await Promise.all(running.map((p) => p.kill()));
+  await Promise.all(held.map((s) => new Promise((done) => s.close(done))));
+});
+
+/** A port of 127.0.0.1 that this test process holds until the file ends. */
+async function takenPort(): Promise<number> {
+  const server = createServer();
+  held.push(server);
+  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+  return (server.address() as { port: number }).port;
+}
+
+interface FailedStart {
+  /** The fatal line, parsed. */
+  readonly fatal: { level: number; name: string; msg: string; err: { type: string; message: string; code?: string; stack?: string } };
+  /** Everything the process wrote, stdout and stderr. */
+  readonly output: string;
+}
+
+/**
+ * Runs an entry that should fail to start and checks what every such failure owes its operator:
+ * exit 1 within EXIT_WITHIN_MS, nothing on stderr (no stack trace), every stdout line JSON, and
+ * exactly one of them at level fatal (60) saying the process could not start.
+ */
+async function failedStart(entry: Entry, given: Record<string, string>, dist?: string): Promise<FailedStart> {
+  const started = runEntry(entry, { HOST: '127.0.0.1', ...given }, dist);
+  running.push(started);
+  const killer = setTimeout(() => void started.kill(), EXIT_WITHIN_MS);
+  const code = await started.exited;
+  clearTimeout(killer);
+  const output = started.lines.join('\n');
+  expect(started.child.signalCode, `still running after ${EXIT_WITHIN_MS} ms:\n${output}`).toBeNull();
+  expect(code, output).toBe(1);
+  expect(started.stderr, output).toEqual([]);
+  const lines = started.stdout.map((line) => {
+    try {
+      return JSON.parse(line) as { level: number };
+    } catch {
+      throw new Error(`a line that is not JSON: ${line}`);
+    }
+  });
+  const fatal = lines.filter((l) => l.level === 60);
+  expect(fatal, output).toHaveLength(1);
+  expect(fatal[0]).toMatchObject({ name: NAMES[entry], msg: 'could not start' });
+  return { fatal: fatal[0] as FailedStart['fatal'], output };
+}
+
+describe('a process that cannot start', { timeout: 60_000 }, () => {
+  it('an API given a bad setting exits 1 with one fatal JSON line naming the variable and what it got', async () => {
+    const { fatal } = await failedStart('producer/main.js', { ...env, PORT: 'abc' });
+    expect(fatal.err.type).toBe('ConfigError');
+    expect(fatal.err.message).toMatch(/^invalid configuration:\n {2}PORT: .*\(got "abc"\)$/);
+    // The message is the whole story: each bad variable, no stack of the parser.
+    expect(fatal.err.stack).toBeUndefined();
+  });
+
+  it('a worker given a bad setting exits 1 with one fatal JSON line naming the variable and what it got', async () => {
+    const { fatal } = await failedStart('worker/main.js', { ...env, WORKER_THREADS: '0' });
+    expect(fatal.err).toMatchObject({ type: 'ConfigError' });
+    expect(fatal.err.message).toMatch(/WORKER_THREADS: .*\(got "0"\)/);
+  });
+
+  it('an unreadable LOG_LEVEL still gets its fatal line, naming it', async () => {
+    for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+      const { fatal } = await failedStart(entry, { ...env, LOG_LEVEL: 'loud' });
+      expect(fatal.err.message).toMatch(/LOG_LEVEL: .*\(got "loud"\)/);
+    }
+  });
+
+  it('a bad token list or master key is named, and no secret, good or bad, is written anywhere', async () => {
+    const shortToken = randomBytes(6).toString('hex');
+    const badKey = randomBytes(20).toString('base64');
+    const secrets = [shortToken, badKey, env['KEYFLEET_MASTER_KEY']!, ...env['KEYFLEET_TOKENS']!.split(',').map((entry) => entry.split(':')[1]!)];
+    const badTokens = { ...env, KEYFLEET_TOKENS: `${env['KEYFLEET_TOKENS']},globex:${shortToken}` };
+    const badMasterKey = { ...env, KEYFLEET_MASTER_KEY: badKey, KEYFLEET_MASTER_KEY_PREVIOUS: env['KEYFLEET_MASTER_KEY']! };
+    for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+      const tokens = await failedStart(entry, badTokens);
+      expect(tokens.fatal.err.message).toBe('invalid configuration:\n  KEYFLEET_TOKENS: entry 4 (tenant globex): expected a token of at least 16 characters');
+      const key = await failedStart(entry, badMasterKey);
+      expect(key.fatal.err.message).toBe('invalid configuration:\n  KEYFLEET_MASTER_KEY: expected base64 of exactly 32 bytes, got 28 characters decoding to 20 bytes');
+      for (const secret of secrets) expect(tokens.output + key.output).not.toContain(secret);
+    }
+  });
+
+  it('an API without a token list or a master key exits 1 at once, naming what is missing', async () => {
+    const port = String(await freePort());
+    const { KEYFLEET_TOKENS: _tokens, ...noTokens } = env;
+    expect((await failedStart('producer/main.js', { ...noTokens, PORT: port })).fatal.err.message).toContain('KEYFLEET_TOKENS: required by the API');
+    const { KEYFLEET_MASTER_KEY: _key, ...noKey } = env;
+    expect((await failedStart('producer/main.js', { ...noKey, PORT: port })).fatal.err.message).toContain('KEYFLEET_MASTER_KEY: required');
+  });
+
+  it('a worker without a master key exits 1 at once, naming it', async () => {
+    const { KEYFLEET_MASTER_KEY: _key, ...noKey } = env;
+    expect((await failedStart('worker/main.js', noKey)).fatal.err.message).toContain('KEYFLEET_MASTER_KEY: required');
+  });
+
+  it('an API whose port is taken exits 1 at once with one fatal line saying so, its Redis connections not holding it', async () => {
+    const port = await takenPort();
+    const { fatal } = await failedStart('producer/main.js', { ...env, PORT: String(port) });
+    expect(fatal.err).toMatchObject({ code: 'EADDRINUSE' });
+    expect(fatal.err.message).toContain(`EADDRINUSE: address already in use 127.0.0.1:${port}`);
+  });
+
+  it('a worker whose metrics port is taken exits 1 at once with one fatal line naming WORKER_METRICS_PORT', async () => {
+    const port = await takenPort();
+    const { fatal } = await failedStart('worker/main.js', { ...env, WORKER_METRICS_PORT: String(port) });
+    expect(fatal.err.message).toBe(`WORKER_METRICS_PORT: port ${port} on 127.0.0.1 is in use: each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one`);
+    expect(fatal.err).toMatchObject({ cause: { code: 'EADDRINUSE' } });
+  });
+
+  it('KEYFLEET_KERNEL=native where the addon is not built stops the API and the worker with one fatal line each', async () => {
+    // The built code without binding.gyp above it: the addon is not found, as on a machine
+    // where it was never built.
+    const unbuilt = mkdtempSync(join(tmpdir(), 'keyfleet-unbuilt-'));
+    try {
+      cpSync(resolve(import.meta.dirname, '..', '..', 'dist'), join(unbuilt, 'dist'), { recursive: true });
+      writeFileSync(join(unbuilt, 'package.json'), '{"type":"module"}\n');
+      symlinkSync(resolve(import.meta.dirname, '..', '..', 'node_modules'), join(unbuilt, 'node_modules'));
+      const port = String(await freePort());
+      for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+        const { fatal } = await failedStart(entry, { ...env, PORT: port, KEYFLEET_KERNEL: 'native' }, join(unbuilt, 'dist'));
+        expect(fatal.err.message).toContain('KEYFLEET_KERNEL=native, but the native kernel is not built');
+      }
+    } finally {
+      rmSync(unbuilt, { recursive: true, force: true });
+    }
+  });
+});
