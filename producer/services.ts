@@ -38,10 +38,11 @@ export interface ApiServices {
 }
 
 export function createApiServices(config: Config, logger: Logger): ApiServices {
+  // Before any connection is opened: without a master key the API fails with nothing to close.
+  const masterKey = requireMasterKey(config);
   const errors = new ConnectionErrorLog(logger);
   const redis = createRedis(config, { role: 'api', errors });
   const keys = new RedisKeys(config.prefix);
-  const masterKey = requireMasterKey(config);
   const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey));
   const sealer = new AtRestSealer(masterKey, config.previousMasterKey);
   const queueRedis = createRedis(config, { role: 'api', errors });

@@ -29,10 +29,12 @@ export interface RunningWorker {
 
 /** Starts a worker: a BullMQ Worker on the chunk queue feeding a thread pool, plus its metrics server. */
 export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
+  // Before anything is opened: a worker that cannot run fails without a connection or thread to close.
+  const masterKey = requireMasterKey(config);
+  const kernel = resolveKernel(config.kernel); // `native` asked for and not built
   const errors = new ConnectionErrorLog(logger);
   const redis = createRedis(config, { role: 'worker', errors });
   const keys = new RedisKeys(config.prefix);
-  const masterKey = requireMasterKey(config);
   const registry = createRegistry('worker');
   // Ready from "worker started" until close(). A connection that is not up answers at once: the
   // client would queue the PING until Redis is back.
@@ -101,7 +103,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
 
   taking = true;
   logger.info(
-    { threads: pool.threads, kernel: resolveKernel(config.kernel), ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
+    { threads: pool.threads, kernel, ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
     'worker started',
   );
 
