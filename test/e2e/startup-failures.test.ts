@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { cpSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
@@ -146,5 +147,23 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     } finally {
       rmSync(unbuilt, { recursive: true, force: true });
     }
+  });
+});
+
+describe('the master-key rotation tool', () => {
+  it('given a bad master key says so in plain words on stderr, exits 1, and shows neither key', () => {
+    const badKey = randomBytes(20).toString('base64');
+    const script = resolve(import.meta.dirname, '..', '..', 'dist', 'scripts', 'rotate-master-key.js');
+    const run = spawnSync(process.execPath, [script], {
+      env: { PATH: process.env['PATH'] ?? '', REDIS_URL: env['REDIS_URL']!, KEYFLEET_MASTER_KEY: badKey, KEYFLEET_MASTER_KEY_PREVIOUS: env['KEYFLEET_MASTER_KEY']! },
+      encoding: 'utf8',
+      timeout: EXIT_WITHIN_MS,
+      killSignal: 'SIGKILL',
+    });
+    expect(run.status, run.stderr).toBe(1);
+    // A person runs it: its own words, as for its other failures, not a stack trace nor JSON.
+    expect(run.stderr).toBe('rotate-master-key: invalid configuration:\n  KEYFLEET_MASTER_KEY: expected base64 of exactly 32 bytes, got 28 characters decoding to 20 bytes\n');
+    expect(run.stdout).toBe('');
+    for (const secret of [badKey, env['KEYFLEET_MASTER_KEY']!]) expect(run.stdout + run.stderr).not.toContain(secret);
   });
 });
