@@ -48,7 +48,7 @@ async function startRedis(): Promise<string> {
 function run(name: string, script: string, env: NodeJS.ProcessEnv, flags: readonly string[] = []): ChildProcess {
   const child = spawn(process.execPath, [...flags, join(root, 'dist', script)], { env, stdio: ['ignore', 'inherit', 'inherit'] });
   child.once('exit', (code, signal) => {
-    if (!stopping) {
+    if (!stopped) {
       console.error(`keyfleet ${name} exited (${signal ?? code}); stopping`);
       void stop(1);
     }
@@ -57,19 +57,28 @@ function run(name: string, script: string, env: NodeJS.ProcessEnv, flags: readon
   return child;
 }
 
-let stopping = false;
-async function stop(code: number): Promise<void> {
-  if (stopping) return;
-  stopping = true;
-  await Promise.all(children.reverse().map(stopChild));
-  process.exit(code);
+/** Stops every child, then exits with `code`; the first call decides, later ones wait for it. */
+let stopped: Promise<never> | undefined;
+function stop(code: number): Promise<never> {
+  stopped ??= Promise.all(children.reverse().map(stopChild)).then(() => process.exit(code));
+  return stopped;
+}
+
+/**
+ * The runner's own failures (no Redis and no redis-server, an API that never answers): a plain
+ * line for the person at the terminal, not a stack trace, then everything stopped. A child that
+ * exited has said why in its own log line and started the stop already.
+ */
+function giveUp(err: Error): Promise<never> {
+  if (!stopped) console.error(`keyfleet: ${err.message}; stopping`);
+  return stop(1);
 }
 
 const secrets = devSecrets();
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 if (!(await redisAnswers(redisUrl))) {
   console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
-  redisUrl = await startRedis();
+  redisUrl = await startRedis().catch(giveUp);
 }
 // Dev data gets its own prefix per dev master key, so checkouts sharing a local Redis (or a
 // Redis that also holds other data) never meet each other's keys.
@@ -92,7 +101,9 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => 
 const api = run('api', 'producer/main.js', env, API_NODE_FLAGS);
 run('worker', 'worker/main.js', env);
 const url = `http://${host}:${port}`;
-await waitForOk(`${url}/readyz`, 'the API', api);
+await waitForOk(`${url}/readyz`, 'the API', api).catch(giveUp);
+// A child that exited meanwhile (a worker whose port is taken) is stopping everything: no banner.
+if (stopped) await stopped;
 
 const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : secrets.token;
 const auth = `-H "Authorization: Bearer ${token}"`;
