@@ -104,6 +104,16 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     }
   });
 
+  it('a Redis URL its client cannot parse stops the API and the worker without showing its password', async () => {
+    // It passes the configuration's check; the client's URL parser refuses it, and Node's error
+    // carries the whole URL as a property that pino's own err serializer would have written.
+    const password = `pw${randomBytes(8).toString('hex')}`;
+    for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+      const { output } = await failedStart(entry, { ...env, REDIS_URL: `redis://:${password}@[::1` });
+      expect(output).not.toContain(password);
+    }
+  });
+
   it('an API without a token list or a master key exits 1 at once, naming what is missing', async () => {
     const port = String(await freePort());
     const { KEYFLEET_TOKENS: _tokens, ...noTokens } = env;
