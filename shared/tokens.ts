@@ -31,27 +31,27 @@ export const MAX_TOKEN_LENGTH = 512;
 export const TOKEN_CHARACTERS = '\\x21-\\x7e';
 const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]+$`);
 
-/** Parses `tenant:token[:scope+scope…]` entries separated by commas. Errors never echo a token. */
+/**
+ * Parses `tenant:token[:scope+scope…]` entries separated by commas. Errors name an entry by its
+ * number and never show any of its text: a field is only known for what it is once the entry
+ * parses (`<token>:encrypt`, a tenant left out, would read the token as the tenant name; a
+ * token holding a `:` would show its tail as a scope).
+ */
 export function parseTokens(spec: string): TokenEntry[] {
   const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
   return entries.map((entry, index) => {
+    const fail: (expected: string) => never = (expected) => {
+      throw new Error(`entry ${index + 1}: expected ${expected}`);
+    };
     const [tenant, token, scopeList, extra] = entry.split(':');
-    if (!tenant || !NAME.test(tenant)) throw new Error(`entry ${index + 1}: expected a tenant name of [A-Za-z0-9._-], 1-64 characters`);
-    if (!token || token.length < 16) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at least 16 characters`);
+    if (token === undefined || extra !== undefined) fail('tenant:token[:scope+scope] (a token holds no : or ,)');
+    if (!tenant || !NAME.test(tenant)) fail('a tenant name of [A-Za-z0-9._-], 1-64 characters');
+    if (token.length < 16) fail('a token of at least 16 characters');
     // A longer one could never authenticate. Its length, not its content, goes in the message.
-    if (token.length > MAX_TOKEN_LENGTH) {
-      throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
-    }
-    if (!TOKEN.test(token)) {
-      throw new Error(`entry ${index + 1} (tenant ${tenant}): expected a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it`);
-    }
-    if (extra !== undefined) throw new Error(`entry ${index + 1} (tenant ${tenant}): expected tenant:token[:scope+scope], got more fields`);
+    if (token.length > MAX_TOKEN_LENGTH) fail(`a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
+    if (!TOKEN.test(token)) fail('a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it');
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
-    for (const s of scopes) {
-      if (!(SCOPES as readonly string[]).includes(s)) {
-        throw new Error(`entry ${index + 1} (tenant ${tenant}): unknown scope ${JSON.stringify(s)}, expected one of ${SCOPES.join(', ')}`);
-      }
-    }
+    if (!scopes.every((s) => (SCOPES as readonly string[]).includes(s))) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
     return { tenant, token, scopes: new Set(scopes as Scope[]) };
   });
 }

@@ -97,7 +97,7 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     const badMasterKey = { ...env, KEYFLEET_MASTER_KEY: badKey, KEYFLEET_MASTER_KEY_PREVIOUS: env['KEYFLEET_MASTER_KEY']! };
     for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
       const tokens = await failedStart(entry, badTokens);
-      expect(tokens.fatal.err.message).toBe('invalid configuration:\n  KEYFLEET_TOKENS: entry 4 (tenant globex): expected a token of at least 16 characters');
+      expect(tokens.fatal.err.message).toBe('invalid configuration:\n  KEYFLEET_TOKENS: entry 4: expected a token of at least 16 characters');
       const key = await failedStart(entry, badMasterKey);
       expect(key.fatal.err.message).toBe('invalid configuration:\n  KEYFLEET_MASTER_KEY: expected base64 of exactly 32 bytes, got 28 characters decoding to 20 bytes');
       for (const secret of secrets) expect(tokens.output + key.output).not.toContain(secret);

@@ -73,27 +73,43 @@ describe('tokens', () => {
     const [plain, scoped] = parseTokens('acme:aaaaaaaaaaaaaaaa, globex:bbbbbbbbbbbbbbbb:encrypt+admin');
     expect([...plain!.scopes].sort()).toEqual(['batches', 'decrypt', 'encrypt', 'keys', 'rewrap']);
     expect([...scoped!.scopes].sort()).toEqual(['admin', 'encrypt']);
-    expect(() => parseTokens('acme:aaaaaaaaaaaaaaaa:encrypt+root')).toThrow(/unknown scope "root"/);
+    expect(() => parseTokens('acme:aaaaaaaaaaaaaaaa:encrypt+root')).toThrow('entry 1: expected scopes among encrypt, decrypt, rewrap, keys, batches, admin, joined by +');
   });
 
   it('refuses a token longer than the API reads (512 characters), without showing it', () => {
     const tooLong = `tok_${'x'.repeat(505)}`.padEnd(513, 'y');
     const error = (() => { try { loadConfig({ KEYFLEET_TOKENS: `acme:aaaaaaaaaaaaaaaa,globex:${tooLong}` }); } catch (e) { return (e as Error).message; } return ''; })();
-    expect(error).toMatch(/KEYFLEET_TOKENS: entry 2 \(tenant globex\): expected a token of at most 512 characters, got 513/);
+    expect(error).toMatch(/KEYFLEET_TOKENS: entry 2: expected a token of at most 512 characters, got 513/);
     expect(error).not.toContain('xxxxxxxx');
     expect(parseTokens(`globex:${tooLong.slice(0, 512)}`)[0]?.token).toHaveLength(512);
   });
 
-  it('refuses a token that cannot be sent after Bearer (a space, a control or a non-ASCII character), naming the tenant and the rule, not the token', () => {
+  it('refuses a token that cannot be sent after Bearer (a space, a control or a non-ASCII character), naming the entry and the rule, not the token', () => {
     const errorOf = (tokens: string): string => { try { loadConfig({ KEYFLEET_TOKENS: tokens }); } catch (e) { return (e as Error).message; } return ''; };
     for (const bad of [' ', '\t', '\u0000', '\u007f', '\u00a0', 'ü', '€']) {
       const error = errorOf(`acme:aaaaaaaaaaaaaaaa,globex:Xq7Zk9Wm${bad}Rt5Yp2Ln:encrypt`);
-      expect(error).toMatch(/KEYFLEET_TOKENS: entry 2 \(tenant globex\): expected a token of visible ASCII characters \(! to ~: no space, control or non-ASCII character\)/);
+      expect(error).toMatch(/KEYFLEET_TOKENS: entry 2: expected a token of visible ASCII characters \(! to ~: no space, control or non-ASCII character\)/);
       expect(error).not.toMatch(/Xq7Zk9Wm|Rt5Yp2Ln/);
     }
     // Every visible ASCII character the entry format leaves (: and , separate entries and fields).
     const visible = Array.from({ length: 0x7e - 0x21 + 1 }, (_, i) => String.fromCharCode(0x21 + i)).filter((c) => c !== ':' && c !== ',').join('');
     expect(parseTokens(`acme:${visible}`)[0]?.token).toBe(visible);
+  });
+
+  it('shows no field of an entry that does not parse: a token read as a tenant name or a scope stays unshown', () => {
+    const token = `tok_${randomBytes(12).toString('hex')}`;
+    const errorOf = (tokens: string): string => { try { loadConfig({ KEYFLEET_TOKENS: tokens }); } catch (e) { return (e as Error).message; } return ''; };
+    const cases: Array<[string, string]> = [
+      [token, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'], // the tenant left out
+      [`${token}:encrypt`, 'entry 1: expected a token of at least 16 characters'], // the token read as the tenant
+      [`acme:${token.slice(0, 20)}:${token.slice(20)}`, 'entry 1: expected scopes among encrypt, decrypt, rewrap, keys, batches, admin, joined by +'], // a token with a :
+      [`acme:${token}:encrypt:admin`, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'],
+    ];
+    for (const [spec, expected] of cases) {
+      const error = errorOf(spec);
+      expect(error).toBe(`invalid configuration:\n  KEYFLEET_TOKENS: ${expected}`);
+      for (const piece of [token, token.slice(0, 20), token.slice(20)]) expect(error).not.toContain(piece);
+    }
   });
 
   it('verifies the right token only', () => {
