@@ -53,6 +53,38 @@ export interface LoggerSettings {
   readonly destination?: DestinationStream;
 }
 
+/** Fields of Node's system errors that say where a call failed, and nothing secret. */
+const SYSTEM_ERROR_FIELDS = ['code', 'errno', 'syscall', 'address', 'port', 'status', 'statusCode'] as const;
+
+/** Causes and aggregated errors are followed this deep. */
+const MAX_ERROR_DEPTH = 3;
+
+/**
+ * What a log line shows of an error. pino's own serializer copies every enumerable property, and
+ * an error may carry anything: ioredis's ReplyError the command's arguments (on a SET that a full
+ * Redis refused, a chunk's sealed bytes: an 850 KB line), Node's URL errors the URL with its
+ * password. So: type, message, stack, the system-error fields above, of a Redis command only its
+ * name, and causes and aggregated errors the same way. A ConfigError's message names every bad
+ * variable (shared/config.ts); its stack adds nothing.
+ */
+export function errorForLog(err: unknown, depth = 0): unknown {
+  if (!(err instanceof Error)) return err;
+  const fields = err as unknown as Record<string, unknown>;
+  const shown: Record<string, unknown> = { type: err.name, message: err.message };
+  if (err.name !== 'ConfigError') shown['stack'] = err.stack;
+  for (const field of SYSTEM_ERROR_FIELDS) {
+    const value = fields[field];
+    if (typeof value === 'string' || typeof value === 'number') shown[field] = value;
+  }
+  const command = fields['command'] as { name?: unknown } | undefined;
+  if (typeof command?.name === 'string') shown['command'] = command.name;
+  if (depth < MAX_ERROR_DEPTH) {
+    if (err.cause !== undefined) shown['cause'] = errorForLog(err.cause, depth + 1);
+    if (err instanceof AggregateError) shown['errors'] = err.errors.slice(0, 5).map((e: unknown) => errorForLog(e, depth + 1));
+  }
+  return shown;
+}
+
 export function loggerOptions(settings: Pick<LoggerSettings, 'level' | 'name'>): LoggerOptions {
   return {
     name: settings.name,
@@ -60,6 +92,7 @@ export function loggerOptions(settings: Pick<LoggerSettings, 'level' | 'name'>):
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
     // Fastify's request line (LOG_REQUESTS), with the query censored (loggedUrl).
     serializers: {
+      err: errorForLog,
       req: (req: RequestLike) => ({ method: req.method, url: req.url === undefined ? undefined : loggedUrl(req.url), host: req.host, remoteAddress: req.ip, remotePort: req.socket?.remotePort }),
     },
   };

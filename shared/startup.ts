@@ -1,30 +1,9 @@
 import { pino } from 'pino';
-import { ConfigError, loadConfig, type Config } from './config.js';
+import { loadConfig, type Config } from './config.js';
 import { createLogger, loggerOptions, type Logger } from './logger.js';
 
 /** The level before the configuration is read (LOG_LEVEL's default). */
 const UNCONFIGURED_LEVEL = 'info';
-
-/** Cause chains are followed this deep: far enough for a wrapped listen error. */
-const MAX_CAUSES = 3;
-
-/**
- * What the fatal line shows of an error: its type, message, code and cause, and for anything
- * but a ConfigError its stack. No other property is copied, as pino's serializer would: an
- * error may carry anything (a client's options, a command's arguments). A ConfigError's message
- * names each bad variable and never a secret's value (shared/config.ts); its stack adds nothing.
- */
-function described(err: unknown, depth = 0): Record<string, unknown> {
-  if (!(err instanceof Error)) return { type: typeof err, message: String(err) };
-  const { code } = err as NodeJS.ErrnoException;
-  return {
-    type: err.name,
-    message: err.message,
-    ...(code === undefined ? {} : { code }),
-    ...(err instanceof ConfigError ? {} : { stack: err.stack }),
-    ...(err.cause !== undefined && depth < MAX_CAUSES ? { cause: described(err.cause, depth + 1) } : {}),
-  };
-}
 
 /**
  * Writes one fatal line, `could not start`, and exits 1. Synchronously: the process logger's
@@ -33,8 +12,7 @@ function described(err: unknown, depth = 0): Record<string, unknown> {
  * and a server open, and closing those could wait on an unreachable Redis.
  */
 function exitNotStarted(name: string, level: string, err: unknown): never {
-  const options = loggerOptions({ name, level });
-  const logger = pino({ ...options, serializers: { ...options.serializers, err: described } }, pino.destination({ dest: 1, sync: true }));
+  const logger = pino(loggerOptions({ name, level }), pino.destination({ dest: 1, sync: true }));
   logger.fatal({ err }, 'could not start');
   process.exit(1);
 }
