@@ -19,6 +19,11 @@ const FASTIFY_CODES: Record<string, ErrorCode> = {
 const isRedisDown = (err: Error): boolean =>
   err.name === 'MaxRetriesPerRequestError' || /ECONNREFUSED|ECONNRESET|Connection is closed|max retries per request|Stream isn't writeable|ETIMEDOUT|Command timed out/i.test(err.message);
 
+// A Redis at its maxmemory with noeviction (as keyfleet's Redis must run: an evicted chunk is a
+// lost chunk) refuses writes with an OOM error until memory is freed (results expire or are
+// deleted, workers catch up) or raised.
+const isRedisFull = (err: Error): boolean => err.name === 'ReplyError' && err.message.startsWith('OOM ');
+
 export interface ErrorsOptions {
   /**
    * While Redis is unreachable every request fails alike: its error is logged here, once per
@@ -31,6 +36,9 @@ export interface ErrorsOptions {
 export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }: ErrorsOptions) => {
   const redisDown = (request: FastifyRequest, cause: Error): void =>
     connectionErrors.report('request', cause, 'request failed: redis unavailable', { reqId: request.id, code: 'KF_REDIS_UNAVAILABLE' });
+  // Every write fails alike while Redis is full: logged as the outage is, once per interval.
+  const redisFull = (request: FastifyRequest, cause: Error): void =>
+    connectionErrors.report('request', cause, 'request failed: redis full (maxmemory)', { reqId: request.id, code: 'KF_REDIS_FULL' });
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
     let error: KeyfleetError;
@@ -55,11 +63,14 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     } else if (isRedisDown(err)) {
       redisDown(request, err);
       error = new KeyfleetError('KF_REDIS_UNAVAILABLE');
+    } else if (isRedisFull(err)) {
+      redisFull(request, err);
+      error = new KeyfleetError('KF_REDIS_FULL');
     } else {
       request.log.error({ err }, 'unhandled error');
       error = new KeyfleetError('KF_INTERNAL');
     }
-    const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' ? 5 : undefined);
+    const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' || error.code === 'KF_REDIS_FULL' ? 5 : undefined);
     if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
     // Answered before its body was read to the end (an upload that failed early, a body that went
     // quiet or over the limit): nobody reads the rest, so the connection closes after the answer,

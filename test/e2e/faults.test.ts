@@ -302,6 +302,38 @@ describe('faults', { timeout: 300_000 }, () => {
     expect(api.child.exitCode).toBeNull();
   });
 
+  it('Redis full (maxmemory, noeviction): an upload gets 503 KF_REDIS_FULL with Retry-After, the API stays up, and its log line names the refused command without its data', async () => {
+    const { api, worker, client, admin, port } = await stack({});
+    await worker.waitFor(/"msg":"worker started"/);
+    const redis = new Redis(ownRedis.url);
+    try {
+      const used = Number(/used_memory:(\d+)/.exec(await redis.info('memory'))![1]);
+      await redis.config('SET', 'maxmemory', String(used + 2 * 1024 * 1024));
+      // 100,000 items: about 4 MB of sealed chunk inputs, past the 2 MB left.
+      const refused = await fetch(`http://127.0.0.1:${port}/v1/batches?op=encrypt&key=serials`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${admin.token}`, 'content-type': 'application/x-ndjson' },
+        body: Array.from({ length: 100_000 }, (_, i) => JSON.stringify(serial(i))).join('\n'),
+      });
+      expect(refused.status).toBe(503);
+      expect(refused.headers.get('retry-after')).toBe('5');
+      expect(((await refused.json()) as { error: unknown }).error).toEqual({ code: 'KF_REDIS_FULL', message: 'the backing store is full; retry later' });
+      await redis.config('SET', 'maxmemory', '0');
+      expect((await client.json('POST', '/v1/encrypt/serials', { items: ['after'] })).status).toBe(200);
+      // One short line for the refused write: as an unhandled error it was 850 KB, the command's
+      // arguments (the chunk's sealed bytes) written out by pino's own error serializer.
+      const full = api.lines.filter((l) => l.includes('redis full'));
+      expect(full).toHaveLength(1);
+      expect(full[0]!.length).toBeLessThan(1_024);
+      expect(JSON.parse(full[0]!)).toMatchObject({ level: 50, msg: 'request failed: redis full (maxmemory)', code: 'KF_REDIS_FULL', err: { message: expect.stringMatching(/^OOM /) } });
+      expect(api.lines.every((l) => l.length < 4_096)).toBe(true);
+      expectNoSecrets([api, worker], [admin.token, serial(150)]);
+    } finally {
+      await redis.config('SET', 'maxmemory', '0');
+      await redis.quit();
+    }
+  });
+
   it('a poison chunk (it fails on every attempt) ends its batch failed with the reason; other batches are unaffected', async () => {
     const { env, admin } = testEnv({ CHUNK_ITEMS: '100', JOB_ATTEMPTS: '2' });
     const app: FastifyInstance = await buildApp({ config: configFrom(env) });
