@@ -50,6 +50,9 @@ export function parseTokens(spec: string): TokenEntry[] {
     // A longer one could never authenticate. Its length, not its content, goes in the message.
     if (token.length > MAX_TOKEN_LENGTH) fail(`a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
     if (!TOKEN.test(token)) fail('a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it');
+    // `<token>:encrypt+decrypt+…`, the tenant left out, would make the token the tenant's name
+    // (logged with every request) and the scope list a token anyone could guess.
+    if (token.split('+').every((s) => (SCOPES as readonly string[]).includes(s))) fail('tenant:token[:scope+scope], got scopes where the token goes (is the tenant missing?)');
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
     if (!scopes.every((s) => (SCOPES as readonly string[]).includes(s))) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
     return { tenant, token, scopes: new Set(scopes as Scope[]) };

@@ -102,6 +102,7 @@ describe('tokens', () => {
     const cases: Array<[string, string]> = [
       [token, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'], // the tenant left out
       [`${token}:encrypt`, 'entry 1: expected a token of at least 16 characters'], // the token read as the tenant
+      [`${token}:encrypt+decrypt+rewrap+keys`, 'entry 1: expected tenant:token[:scope+scope], got scopes where the token goes (is the tenant missing?)'], // a guessable token
       [`acme:${token.slice(0, 20)}:${token.slice(20)}`, 'entry 1: expected scopes among encrypt, decrypt, rewrap, keys, batches, admin, joined by +'], // a token with a :
       [`acme:${token}:encrypt:admin`, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'],
     ];
