@@ -64,7 +64,7 @@ const MAX_ERROR_DEPTH = 3;
  * an error may carry anything: ioredis's ReplyError the command's arguments (on a SET that a full
  * Redis refused, a chunk's sealed bytes: an 850 KB line), Node's URL errors the URL with its
  * password. So: type, message, stack, the system-error fields above, of a Redis command only its
- * name, and causes and aggregated errors the same way. A ConfigError's message names every bad
+ * name, and causes and related errors the same way. A ConfigError's message names every bad
  * variable (shared/config.ts); its stack adds nothing.
  */
 export function errorForLog(err: unknown, depth = 0): unknown {
@@ -80,7 +80,11 @@ export function errorForLog(err: unknown, depth = 0): unknown {
   if (typeof command?.name === 'string') shown['command'] = command.name;
   if (depth < MAX_ERROR_DEPTH) {
     if (err.cause !== undefined) shown['cause'] = errorForLog(err.cause, depth + 1);
-    if (err instanceof AggregateError) shown['errors'] = err.errors.slice(0, 5).map((e: unknown) => errorForLog(e, depth + 1));
+    // ioredis's own causes: a cluster that found no node (the last node's error), and a
+    // transaction Redis discarded (the errors of the commands that made it).
+    if (fields['lastNodeError'] !== undefined) shown['lastNodeError'] = errorForLog(fields['lastNodeError'], depth + 1);
+    const related = err instanceof AggregateError ? err.errors : fields['previousErrors'];
+    if (Array.isArray(related)) shown[err instanceof AggregateError ? 'errors' : 'previousErrors'] = related.slice(0, 5).map((e: unknown) => errorForLog(e, depth + 1));
   }
   return shown;
 }
