@@ -50,7 +50,10 @@ export class ConnectionErrorLog {
     if (this.#seen.size >= MAX_DISTINCT_ERRORS) this.#seen.delete(this.#seen.keys().next().value!);
     this.#seen.set(err.message, { at: now, held: 0 });
     const code = (err as NodeJS.ErrnoException).code;
-    this.#logger.error({ ...fields, source, err: { message: err.message, ...(code ? { code } : {}) }, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
+    // A command Redis refused (a full Redis) by its name: never its arguments.
+    const command = (err as { command?: { name?: unknown } }).command?.name;
+    const shown = { message: err.message, ...(code ? { code } : {}), ...(typeof command === 'string' ? { command } : {}) };
+    this.#logger.error({ ...fields, source, err: shown, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
   }
 
   /** A connection is ready: after errors, says so with how many were held back, and the next error logs at once. */

@@ -325,7 +325,7 @@ describe('faults', { timeout: 300_000 }, () => {
       const full = api.lines.filter((l) => l.includes('redis full'));
       expect(full).toHaveLength(1);
       expect(full[0]!.length).toBeLessThan(1_024);
-      expect(JSON.parse(full[0]!)).toMatchObject({ level: 50, msg: 'request failed: redis full (maxmemory)', code: 'KF_REDIS_FULL', err: { message: expect.stringMatching(/^OOM /) } });
+      expect(JSON.parse(full[0]!)).toMatchObject({ level: 50, msg: 'request failed: redis full (maxmemory)', code: 'KF_REDIS_FULL', err: { message: expect.stringMatching(/^OOM /), command: expect.stringMatching(/^[a-z]+$/) } });
       expect(api.lines.every((l) => l.length < 4_096)).toBe(true);
       expectNoSecrets([api, worker], [admin.token, serial(150)]);
     } finally {
