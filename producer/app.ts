@@ -8,6 +8,7 @@ import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
+import { bodyBudget } from './body-budget.js';
 import { bodyPauseLimit } from './body-timeout.js';
 import { clientErrorHandler } from './client-errors.js';
 import { refuseOnClosingConnection } from './lingering-close.js';
@@ -142,6 +143,8 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
 
   await app.register(errorsPlugin, { connectionErrors: services.connectionErrors });
   await app.register(authPlugin, { verifier });
+  // After authentication (its hook comes first): a request refused for its token holds no budget.
+  app.addHook('onRequest', bodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes));
   await app.register(metricsPlugin);
   await app.register(rateLimitPlugin, { redis: services.redis, prefix: config.prefix, perSecond: config.syncRateLimit });
   await app.register(docsPlugin, { version: projectVersion() });

@@ -92,6 +92,12 @@ const envSchema = z.object({
   KEY_CACHE_TTL_MS: int(0).default(2_000),
   MAX_BODY_BYTES: int(1024).default(16 * 1024 * 1024),
   /**
+   * The request bodies one API process holds at once (producer/body-budget.ts); past it a request
+   * with a body is answered 503 KF_BUSY before its body is read. Uploads do not count: they are
+   * streamed into chunks.
+   */
+  MAX_BODY_BYTES_IN_FLIGHT: int(1024).default(48 * 1024 * 1024),
+  /**
    * The largest item; an NDJSON line may be up to 6× this plus its quotes (every byte escaped as
    * \u00XX). At most 16 MiB: the kernels count an item's bytes in 32 bits (6× included).
    */
@@ -182,6 +188,7 @@ export interface Config {
   readonly jobAttempts: number;
   readonly keyCacheTtlMs: number;
   readonly maxBodyBytes: number;
+  readonly maxBodyBytesInFlight: number;
   readonly maxItemBytes: number;
   readonly maxBatchItems: number;
   readonly maxActiveBatches: number;
@@ -253,6 +260,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
     jobAttempts: e.JOB_ATTEMPTS,
     keyCacheTtlMs: e.KEY_CACHE_TTL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
+    maxBodyBytesInFlight: e.MAX_BODY_BYTES_IN_FLIGHT,
     maxItemBytes: e.MAX_ITEM_BYTES,
     maxBatchItems: e.MAX_BATCH_ITEMS,
     maxActiveBatches: e.MAX_ACTIVE_BATCHES,

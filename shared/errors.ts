@@ -29,6 +29,7 @@ export const CATALOGUE = {
   KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },
   KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later' },
   KF_REDIS_FULL: { status: 503, message: 'the backing store is full; retry later' },
+  KF_BUSY: { status: 503, message: 'the API holds as many request bodies as it may at once; retry shortly' },
   KF_INTERNAL: { status: 500, message: 'internal error' },
   KF_URI_TOO_LONG: { status: 414, message: 'a path segment is longer than any key name or batch id' },
   KF_HEADERS_TOO_LARGE: { status: 431, message: 'the request headers are larger than the server accepts' },

@@ -224,6 +224,58 @@ describe('limits', () => {
   });
 });
 
+describe('request bodies held at once', () => {
+  // One API may hold 1.5 MiB of bodies: one of 1,000,000 bytes arriving leaves room for small
+  // ones, not for another of 600,000.
+  const { env, admin } = testEnv({ MAX_BODY_BYTES: '1048576', MAX_BODY_BYTES_IN_FLIGHT: String(1.5 * 1024 * 1024) });
+  let port: number;
+  beforeAll(async () => {
+    const app = await api(env);
+    port = Number(new URL(await app.listen({ host: '127.0.0.1', port: 0 })).port);
+    expect((await call(app, admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+
+  /** A sync encrypt whose body is `bytes` long, of which `sent` are written at once; the rest with `finish()`. */
+  function slowRequest(bytes: number, sent: number): { answer: Promise<string>; finish: () => void; drop: () => void } {
+    const items = JSON.stringify({ items: ['x'.repeat(bytes - 14)] }); // {"items":["…"]} is 14 more
+    expect(items.length).toBe(bytes);
+    const head = `POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/json\r\nContent-Length: ${bytes}\r\nConnection: close\r\n\r\n`;
+    const socket = connect(port, '127.0.0.1', () => socket.write(head + items.slice(0, sent)));
+    const answer = new Promise<string>((resolve) => {
+      let text = '';
+      socket.setEncoding('latin1').on('data', (d) => (text += d));
+      socket.on('error', () => {}).on('close', () => resolve(text));
+      setTimeout(() => socket.destroy(), 20_000).unref();
+    });
+    return { answer, finish: () => void socket.write(items.slice(sent)), drop: () => void socket.destroy() };
+  }
+
+  const statusOf = (answer: string): number => Number(/^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1]);
+
+  it('answers 503 KF_BUSY with Retry-After, before reading it, to a body that would pass MAX_BODY_BYTES_IN_FLIGHT, and takes it once the room is back', async () => {
+    const large = slowRequest(1_000_000, 1_000);
+    await sleep(200); // its headers are in: 1,000,000 bytes held
+    const refused = await slowRequest(600_000, 0).answer;
+    expect(statusOf(refused)).toBe(503);
+    expect(refused).toMatch(/retry-after: 1\r\n/i);
+    expect(refused).toContain('"code":"KF_BUSY"');
+    expect(statusOf(await slowRequest(1_000, 1_000).answer)).toBe(200); // small ones fit beside it
+    large.finish();
+    expect(statusOf(await large.answer)).toBe(200);
+    expect(statusOf(await slowRequest(600_000, 600_000).answer)).toBe(200);
+  });
+
+  it('gives the room back when a client goes away before its body is in', async () => {
+    const gone = slowRequest(1_000_000, 1_000);
+    await sleep(200);
+    expect(statusOf(await slowRequest(600_000, 0).answer)).toBe(503);
+    gone.drop();
+    await gone.answer;
+    await sleep(200);
+    expect(statusOf(await slowRequest(600_000, 600_000).answer)).toBe(200);
+  });
+});
+
 describe('query strings', () => {
   const { env, admin } = testEnv();
   let app: FastifyInstance;
