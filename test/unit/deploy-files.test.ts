@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -7,6 +8,7 @@ import addFormats from 'ajv-formats';
 import { describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
 import { PROMETHEUS_RULE_FILE, prometheusRule } from '../../scripts/prometheus-rule.js';
+import { loadConfig } from '../../shared/config.js';
 
 // The deployment files are code too: the compose file must be valid per the Compose
 // Specification (test/fixtures/compose-spec.json) and keep the settings that protect data and
@@ -215,6 +217,36 @@ describe('deploy/k8s', () => {
   const envOf = (c: Doc, name: string): Doc | undefined => (c['env'] as Doc[] | undefined)?.find((e) => e['name'] === name);
   const api = find('Deployment', 'keyfleet-api');
   const worker = find('Deployment', 'keyfleet-worker');
+  /** CPU in cores, from a quantity such as "2" or "500m". */
+  const cores = (quantity: string | number): number => (String(quantity).endsWith('m') ? Number.parseInt(String(quantity), 10) / 1000 : Number(quantity));
+  /**
+   * The environment the kubelet gives a container (makeEnvironmentVariables, pkg/kubelet): its
+   * envFrom sources first, then each `env` entry over them; an optional secretKeyRef whose key the
+   * Secret lacks is skipped, so what envFrom gave stays. `secret` is the data of the Secret keyfleet.
+   */
+  const podEnv = (c: Doc, secret: Record<string, string>): Record<string, string> => {
+    const env: Record<string, string> = {};
+    for (const from of (c['envFrom'] ?? []) as Doc[]) {
+      if (!from['configMapRef']) throw new Error(`envFrom ${JSON.stringify(from)} is not modelled here`);
+      for (const [k, v] of Object.entries(find('ConfigMap', from['configMapRef'].name as string)['data'] as Doc)) env[k] = String(v);
+    }
+    for (const e of (c['env'] ?? []) as Doc[]) {
+      const name = e['name'] as string;
+      const secretRef = e['valueFrom']?.secretKeyRef as Doc | undefined;
+      const fieldRef = e['valueFrom']?.resourceFieldRef as Doc | undefined;
+      if (!e['valueFrom']) env[name] = String(e['value'] ?? '');
+      else if (secretRef) {
+        expect(secretRef['name'], name).toBe('keyfleet');
+        const value = secret[secretRef['key'] as string];
+        if (value !== undefined) env[name] = value;
+        else if (secretRef['optional'] !== true) throw new Error(`${name}: the Secret has no ${secretRef['key']} and the reference is not optional, so the pod would not start`);
+      } else if (fieldRef?.resource === 'requests.cpu') env[name] = String(Math.ceil(cores(c['resources'].requests.cpu) / cores(fieldRef['divisor'] ?? 1)));
+      else throw new Error(`${name}: ${JSON.stringify(e['valueFrom'])} is not modelled here`);
+    }
+    return env;
+  };
+  /** The Secret keyfleet with what it must hold (configmap.yaml shows how to create it). */
+  const requiredSecrets = { KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'), KEYFLEET_TOKENS: `acme:${randomBytes(24).toString('hex')}` };
 
   it('parses every document of every file, each with apiVersion, kind and metadata.name', () => {
     expect(files).toEqual(expect.arrayContaining(['api.yaml', 'worker.yaml', 'configmap.yaml', 'keda-scaledobject.yaml', 'pdb.yaml', 'kustomization.yaml']));
@@ -246,7 +278,7 @@ describe('deploy/k8s', () => {
     expect(c['resources']?.requests?.cpu).toBeDefined();
   });
 
-  it('runs the API with 2 replicas, secrets from the Secret keyfleet, REDIS_URL from the ConfigMap and probes on 8080', () => {
+  it('runs the API with 2 replicas, secrets from the Secret keyfleet, a default REDIS_URL in the ConfigMap and probes on 8080', () => {
     expect(api['spec']?.replicas).toBe(2);
     const c = container(api);
     for (const name of ['KEYFLEET_MASTER_KEY', 'KEYFLEET_TOKENS']) {
@@ -261,6 +293,16 @@ describe('deploy/k8s', () => {
     expect(probePort(c, c['livenessProbe'])).toBe(8080);
     const svc = find('Service', 'keyfleet-api');
     expect(api['spec']?.template?.metadata?.labels).toMatchObject(svc['spec']?.selector as Doc);
+  });
+
+  it('takes REDIS_URL from the Secret keyfleet where it has one (a URL with a password), else from the ConfigMap, in both Deployments', () => {
+    const managed = 'rediss://keyfleet:not-in-a-configmap@redis.example.net:6380';
+    for (const deployment of [api, worker]) {
+      const c = container(deployment);
+      const name = deployment['metadata']?.name as string;
+      expect(loadConfig(podEnv(c, requiredSecrets)).redisUrl, name).toBe(find('ConfigMap', 'keyfleet')['data']?.REDIS_URL);
+      expect(loadConfig(podEnv(c, { ...requiredSecrets, REDIS_URL: managed })).redisUrl, name).toBe(managed);
+    }
   });
 
   it('runs both Deployments as a verifiable non-root uid on a read-only root filesystem, with resources', () => {
