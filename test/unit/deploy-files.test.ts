@@ -29,6 +29,21 @@ const service = (name: string): Doc => {
   return s;
 };
 
+/**
+ * Compose's interpolation of a value from the shell's environment, in the forms this file uses:
+ * `${VAR}`, `${VAR:-default}` and `${VAR:?error}`, where an empty variable counts as unset.
+ */
+const interpolate = (value: string, shell: Record<string, string>): string =>
+  value.replace(/\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}/g, (_, name: string, op: string | undefined, arg: string | undefined) => {
+    const set = shell[name];
+    if (set) return set;
+    if (op === ':?') throw new Error(`docker compose refuses to start: ${name}: ${arg}`);
+    return arg ?? '';
+  });
+/** The configuration a compose service's process loads, given the shell's environment. */
+const composeConfig = (name: string, shell: Record<string, string>) =>
+  loadConfig(Object.fromEntries(Object.entries(service(name)['environment'] as Doc).map(([k, v]) => [k, interpolate(String(v), shell)])));
+
 describe('docker-compose.yml', () => {
   it('is valid against the Compose Specification JSON schema', () => {
     const schema = JSON.parse(readFileSync(resolve(root, 'test/fixtures/compose-spec.json'), 'utf8')) as Doc;
@@ -99,6 +114,18 @@ describe('docker-compose.yml', () => {
     expect(grafana.get('/etc/grafana/provisioning/dashboards')).toBe('./dashboards/grafana/provisioning/dashboards:ro');
     for (const source of [...prom.values(), ...grafana.values()].filter((s) => s.startsWith('./'))) {
       expect(existsSync(resolve(root, source.slice(0, source.lastIndexOf(':')))), source).toBe(true);
+    }
+  });
+
+  it('passes WEBHOOK_SECRET and WEBHOOK_ALLOWED_HOSTS from the shell to the API and the workers alike, and starts without them', () => {
+    const shell = { KEYFLEET_MASTER_KEY: randomBytes(32).toString('base64'), KEYFLEET_TOKENS: `acme:${randomBytes(24).toString('hex')}` };
+    const webhookSecret = randomBytes(24).toString('hex');
+    for (const name of ['api', 'worker']) {
+      const config = composeConfig(name, { ...shell, WEBHOOK_SECRET: webhookSecret, WEBHOOK_ALLOWED_HOSTS: 'hooks.example.com,*.example.org' });
+      expect(config.webhookSecret, name).toBe(webhookSecret);
+      expect(config.webhookAllowedHosts, name).toEqual(['hooks.example.com', '*.example.org']);
+      // Unset in the shell: an empty variable, which shared/config.ts reads as unset (no 16-character minimum to fail).
+      expect(composeConfig(name, shell).webhookSecret, name).toBeUndefined();
     }
   });
 
@@ -302,6 +329,18 @@ describe('deploy/k8s', () => {
       const name = deployment['metadata']?.name as string;
       expect(loadConfig(podEnv(c, requiredSecrets)).redisUrl, name).toBe(find('ConfigMap', 'keyfleet')['data']?.REDIS_URL);
       expect(loadConfig(podEnv(c, { ...requiredSecrets, REDIS_URL: managed })).redisUrl, name).toBe(managed);
+    }
+  });
+
+  it('gives the API and the workers the same WEBHOOK_SECRET from the Secret keyfleet where it has one, and starts both without it', () => {
+    const webhookSecret = randomBytes(24).toString('hex');
+    // The allow-list is not a secret: the ConfigMap holds it, empty (any host at a public address) until set.
+    expect(find('ConfigMap', 'keyfleet')['data']).toHaveProperty('WEBHOOK_ALLOWED_HOSTS');
+    for (const deployment of [api, worker]) {
+      const c = container(deployment);
+      const name = deployment['metadata']?.name as string;
+      expect(loadConfig(podEnv(c, { ...requiredSecrets, WEBHOOK_SECRET: webhookSecret })).webhookSecret, name).toBe(webhookSecret);
+      expect(loadConfig(podEnv(c, requiredSecrets)).webhookSecret, name).toBeUndefined();
     }
   });
 
