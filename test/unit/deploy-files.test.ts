@@ -129,6 +129,15 @@ describe('docker-compose.yml', () => {
     }
   });
 
+  it('passes KEYFLEET_MASTER_KEY_PREVIOUS from the shell to the API and the workers alike, for a master-key rotation (SECURITY.md)', () => {
+    const [current, previous] = [randomBytes(32), randomBytes(32)];
+    const shell = { KEYFLEET_MASTER_KEY: current.toString('base64'), KEYFLEET_TOKENS: `acme:${randomBytes(24).toString('hex')}` };
+    for (const name of ['api', 'worker']) {
+      expect(composeConfig(name, { ...shell, KEYFLEET_MASTER_KEY_PREVIOUS: previous.toString('base64') }).previousMasterKey, name).toEqual(previous);
+      expect(composeConfig(name, shell).previousMasterKey, name).toBeUndefined();
+    }
+  });
+
   it('keeps Grafana closed by default: anonymous access off, admin password from the environment', () => {
     const env = service('grafana')['environment'] as Doc;
     expect(String(env['GF_AUTH_ANONYMOUS_ENABLED'])).toMatch(/^(false|\$\{[A-Z_]+:-false\})$/);
