@@ -33,6 +33,10 @@ const promtool = (args: string[], input?: string): Run => {
 const alertsFile = resolve(root, 'dashboards/alerts.yml');
 const alertRules = (): Doc[] => (parse(readFileSync(alertsFile, 'utf8')) as Doc)['groups'].flatMap((g: Doc) => g['rules'] as Doc[]);
 
+const dashboardFile = resolve(root, 'dashboards/grafana/dashboards/keyfleet.json');
+/** The dashboard's panels, those inside rows included. */
+const dashboardPanels = (): Doc[] => ((JSON.parse(readFileSync(dashboardFile, 'utf8')) as Doc)['panels'] as Doc[]).flatMap((p) => [p, ...((p['panels'] as Doc[] | undefined) ?? [])]);
+
 const PROMQL_KEYWORDS = new Set(['by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'and', 'or', 'unless', 'bool', 'offset', 'inf', 'nan']);
 
 /**
@@ -221,6 +225,48 @@ describe.runIf(hasPromtool)('the Prometheus config and alert rules, checked by p
       ],
     };
     const file = join(tmp, 'alerts.test.yml');
+    writeFileSync(file, stringify(suite));
+    const run = promtool(['test', 'rules', file]);
+    expect(run.status, run.output).toBe(0);
+    expect(run.output).toContain('SUCCESS');
+  });
+
+  it('shows on the dashboard which status codes the API answered 4xx and 5xx with (where KeyfleetHighErrorRate sends you), and 0 when it answered none', () => {
+    expect(alertRules().find((r) => r['alert'] === 'KeyfleetHighErrorRate')?.annotations?.description).toMatch(/panel "Errors": which op and which status codes/);
+    const panel = dashboardPanels().find((p) => p['title'] === 'HTTP 4xx / 5xx per second');
+    expect(panel, 'the HTTP error panel').toBeDefined();
+    const targets = panel!['targets'] as Doc[];
+    expect(targets.map((t) => t['legendFormat'])).toEqual(['{{status_code}}']);
+    // A range query with no series at all (no 4xx or 5xx since the API started) shows this instead of "No data".
+    expect(panel!['fieldConfig']?.defaults?.noValue).toBe('0');
+
+    const api = 'component="api",instance="api:8080",job="keyfleet-api"';
+    const requests = (route: string, status: number) => `keyfleet_http_request_duration_seconds_count{${api},method="POST",route="${route}",status_code="${status}"}`;
+    const expr = (targets[0]!['expr'] as string).replaceAll('$__rate_interval', '5m');
+    const suite = {
+      rule_files: [],
+      evaluation_interval: '1m',
+      tests: [
+        {
+          interval: '1m',
+          input_series: [
+            { series: requests('/v1/encrypt/:key', 200), values: '0+600x20' },
+            { series: requests('/v1/encrypt/:key', 404), values: '0+60x20' },
+            { series: requests('/v1/encrypt/:key', 429), values: '0+30x20' },
+            { series: requests('/v1/batches', 429), values: '0+30x20' },
+            { series: requests('/v1/batches', 503), values: '0+6x20' },
+          ],
+          // Per second, summed over routes, and no 2xx.
+          promql_expr_test: [{ expr, eval_time: '10m', exp_samples: [{ labels: '{status_code="404"}', value: 1 }, { labels: '{status_code="429"}', value: 1 }, { labels: '{status_code="503"}', value: 0.1 }] }],
+        },
+        {
+          interval: '1m',
+          input_series: [{ series: requests('/v1/encrypt/:key', 200), values: '0+600x20' }],
+          promql_expr_test: [{ expr, eval_time: '10m', exp_samples: [] }],
+        },
+      ],
+    };
+    const file = join(tmp, 'dashboard.test.yml');
     writeFileSync(file, stringify(suite));
     const run = promtool(['test', 'rules', file]);
     expect(run.status, run.output).toBe(0);
