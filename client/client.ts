@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { z } from 'zod';
 import {
@@ -106,11 +107,17 @@ export class KeyfleetClient {
   // ---- keys -----------------------------------------------------------------------------
   async createKey(name: string, type?: KeyType, options: { convergent?: boolean } = {}): Promise<KeyInfo & { created: boolean }> {
     const body = type || options.convergent ? { ...(type ? { type } : {}), ...(options.convergent ? { convergent: true } : {}) } : undefined;
-    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body);
+    // Repeatable: the API answers 200 for a key that exists with the same type (a retry after a
+    // lost 201 then says `created: false`).
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body, { repeatable: true });
     return { ...(await this.#json(res, keyInfo)), created: res.status === 201 };
   }
 
-  /** Imports a legacy AES-256-CBC key (32 bytes): it decrypts and rewraps, into another key with targetKey. */
+  /**
+   * Imports a legacy AES-256-CBC key (32 bytes): it decrypts and rewraps, into another key with
+   * targetKey. Not retried after a gateway's 503 (nor are rotateKey, deleteKey and cancelBatch):
+   * the API may have done it already.
+   */
   async importLegacyKey(name: string, material: Uint8Array): Promise<KeyInfo> {
     const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/import`, { type: 'legacy-aes256-cbc', material: Buffer.from(material).toString('base64') });
     return this.#json(res, keyInfo, 201);
@@ -118,11 +125,12 @@ export class KeyfleetClient {
 
   /** Changes a key's policy: minDecryptionVersion, minEncryptionVersion, deletionAllowed, autoRotatePeriod. */
   async patchKey(name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
-    return this.#json(await this.#send('PATCH', `/v1/keys/${encodeURIComponent(name)}`, patch), keyInfo);
+    // Repeatable: the patch sets values, it does not add to them.
+    return this.#json(await this.#send('PATCH', `/v1/keys/${encodeURIComponent(name)}`, patch, { repeatable: true }), keyInfo);
   }
 
   async trimKey(name: string, minAvailableVersion: number): Promise<KeyInfo> {
-    return this.#json(await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/trim`, { minAvailableVersion }), keyInfo);
+    return this.#json(await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}/trim`, { minAvailableVersion }, { repeatable: true }), keyInfo);
   }
 
   /** Deletes a key marked deletionAllowed. */
@@ -170,12 +178,16 @@ export class KeyfleetClient {
     });
   }
 
-  /** Uploads an NDJSON body (one JSON string per line) as it is, streamed. */
+  /**
+   * Uploads an NDJSON body (one JSON string per line) as it is, streamed. Without an
+   * `idempotencyKey` the upload gets one of its own, the same on every retry: a gateway's 503
+   * after the API accepted it then gives back the same batch, not a second one.
+   */
   async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted> {
     const { op, key, encoding, callbackUrl, context, targetKey } = request;
     const query = new URLSearchParams({ op, key, ...(encoding ? { encoding } : {}), ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) });
-    const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', ...(request.idempotencyKey ? { 'idempotency-key': request.idempotencyKey } : {}) };
-    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body });
+    const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', 'idempotency-key': request.idempotencyKey ?? randomUUID() };
+    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body, repeatable: true });
     return this.#json(res, batchAccepted, 202);
   }
 
@@ -270,12 +282,20 @@ export class KeyfleetClient {
   // ---- plumbing -------------------------------------------------------------------------
   async #crypto(op: BatchOp, key: string, items: readonly string[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
     const { idempotencyKey, ...rest } = options;
-    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, idempotencyKey ? { headers: { 'idempotency-key': idempotencyKey } } : {});
+    // A call that may become a batch (mode auto or async) gets a key of its own, so that a retry
+    // cannot make a second batch; a sync-only call changes nothing and is sent again as it is.
+    const retryKey = idempotencyKey ?? (options.mode === 'sync' ? undefined : randomUUID());
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable: true, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}) });
     if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
     return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
   }
 
-  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal } = {}): Promise<Response> {
+  /**
+   * One request, retried after 429 and 503. GET is repeatable; any other method is only if the
+   * caller says so (`repeatable`: the API does it once however often it is sent), else a 503 is
+   * retried only when the API itself says nothing was done (withRetries).
+   */
+  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean } = {}): Promise<Response> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
     return withRetries(async () => {
       const init: RequestInit & { duplex?: 'half' } = { method, headers, ...(extra.signal ? { signal: extra.signal } : {}) };
@@ -294,7 +314,7 @@ export class KeyfleetClient {
       } catch (err) {
         throw fetchError(err, this.url, sourceError);
       }
-    }, this.#retry);
+    }, this.#retry, { repeatable: method === 'GET' || extra.repeatable === true });
   }
 
   async #json<S extends z.ZodType>(res: Response, schema: S, expected = 0): Promise<z.infer<S>> {

@@ -31,14 +31,39 @@ export function retryDelayMs(attempt: number, retryAfter: string | null, { baseD
   return Math.min(baseDelayMs * 2 ** (attempt - 1) * (0.5 + Math.random() / 2), maxDelayMs);
 }
 
-/** Runs `send` until it answers something other than 429/503, or the attempts run out. */
-export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}): Promise<Response> {
+/**
+ * The API's own refusals that mean nothing was done: the request was turned away before any
+ * work (no Redis, Redis full, the tenant's or the service's limits). A request that is not safe
+ * to send twice may be sent again after one of these, and after nothing else.
+ */
+export const NOTHING_DONE = new Set(['KF_REDIS_UNAVAILABLE', 'KF_REDIS_FULL', 'KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL', 'KF_RATE_LIMITED']);
+
+/**
+ * Runs `send` until it answers something other than 429/503, or the attempts run out.
+ * `repeatable: false` (a rotation, a deletion) retries a 503 only when it is the API's own
+ * refusal of NOTHING_DONE: a gateway's 503 may come after the API did the work, and the work
+ * done again is a second rotation. (A 429 is still retried: a gateway's rate limit refuses
+ * before it forwards anything.)
+ */
+export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}, { repeatable = true }: { repeatable?: boolean } = {}): Promise<Response> {
   const attempts = options.attempts ?? 5;
   for (let attempt = 1; ; attempt++) {
     const res = await send();
     if (!RETRYABLE.has(res.status) || attempt >= attempts) return res;
+    if (!repeatable && res.status === 503 && !(await nothingDone(res))) return res;
     const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
     await res.body?.cancel().catch(() => {});
     await sleep(wait);
+  }
+}
+
+/** Whether `res` is the API's own JSON error with a NOTHING_DONE code (read from a clone: `res` stays unread). */
+async function nothingDone(res: Response): Promise<boolean> {
+  if (!res.headers.get('content-type')?.startsWith('application/json')) return false;
+  try {
+    const body = (await res.clone().json()) as { error?: { code?: unknown } };
+    return typeof body.error?.code === 'string' && NOTHING_DONE.has(body.error.code);
+  } catch {
+    return false;
   }
 }

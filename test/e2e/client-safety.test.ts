@@ -1,0 +1,116 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeyfleetClient } from '../../client/index.js';
+import { testEnv } from '../helpers/env.js';
+import { freePort, tcpProxy, type ProxiedConnection } from '../helpers/net.js';
+import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
+
+// What the client and the CLI must never do: work done twice, output lost without a word,
+// secrets printed, input lines dropped. Each against the real service.
+const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
+const { env, admin } = testEnv({ KEY_CACHE_TTL_MS: '0' });
+let api: RunningProcess;
+let worker: RunningProcess;
+let port: number;
+let url: string;
+let dir: string;
+
+beforeAll(async () => {
+  port = await freePort();
+  [api, worker] = await startApiAndWorker(env, port);
+  url = `http://127.0.0.1:${port}`;
+  dir = mkdtempSync(join(tmpdir(), 'keyfleet-client-'));
+});
+afterAll(async () => {
+  await Promise.all([worker?.stop(), api?.stop()]);
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+/** Runs the built CLI as a user would; resolves with its exit status and output. */
+function keyfleet(args: string[], extraEnv: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((done, fail) => {
+    const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, cwd: dir });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+    child.on('error', fail);
+    child.on('close', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
+  });
+}
+
+const path = (name: string) => join(dir, name);
+
+/** The batches the API has created so far (its metrics: the API has no list of them). */
+async function batchesCreated(): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  return Number(/^keyfleet_batches_total\{[^}]*event="created"[^}]*\} (\d+)$/m.exec(text)![1]);
+}
+
+/**
+ * A gateway in front of the API that, for the first request matching each pattern, lets the API
+ * do the work and answers the client 503 instead of the API's answer.
+ */
+async function losingGateway(patterns: RegExp[]) {
+  const left = [...patterns];
+  const requests = new WeakMap<ProxiedConnection['client'], string>();
+  const swallowing = new WeakSet<ProxiedConnection['client']>();
+  return tcpProxy('127.0.0.1', port, {
+    fromClient(data, { client, upstream }) {
+      const line = /^([A-Z]+ \S+) HTTP\/1\.1\r\n/.exec(data.toString('latin1'));
+      if (line) requests.set(client, line[1]!);
+      upstream.write(data);
+    },
+    fromUpstream(data, { client, upstream }) {
+      if (swallowing.has(client)) return;
+      const request = requests.get(client) ?? '';
+      const at = left.findIndex((p) => p.test(request));
+      if (at === -1 || !/^HTTP\/1\.1 20\d /.test(data.toString('latin1'))) {
+        client.write(data);
+        return;
+      }
+      left.splice(at, 1);
+      swallowing.add(client);
+      upstream.destroy();
+      client.end('HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 19\r\nconnection: close\r\n\r\nService Unavailable');
+    },
+  });
+}
+
+describe('the client and the CLI', () => {
+  it('make one batch and one rotation when a gateway loses the API’s answer and says 503', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    await client.createKey('gateway');
+    const gateway = await losingGateway([/^POST \/v1\/batches\?/, /^POST \/v1\/encrypt\//, /^POST \/v1\/keys\/gateway\/rotate$/]);
+    try {
+      const through = { KEYFLEET_URL: `http://127.0.0.1:${gateway.port}` };
+      writeFileSync(path('three.txt'), 'a\nb\nc\n');
+      let before = await batchesCreated();
+      const upload = await keyfleet(['encrypt', '--key', 'gateway', '--in', 'three.txt', '--out', 'three.enc'], through);
+      expect(upload.stderr).not.toContain('keyfleet: KF_');
+      expect(upload.code).toBe(0);
+      expect(readFileSync(path('three.enc'), 'utf8').split('\n')).toHaveLength(4);
+      expect(await batchesCreated()).toBe(before + 1);
+
+      // A crypto call that may become a batch, through the SDK.
+      before = await batchesCreated();
+      const viaGateway = new KeyfleetClient({ url: through.KEYFLEET_URL, token: admin.token, retry: { baseDelayMs: 10 } });
+      const answer = await viaGateway.encrypt('gateway', ['x', 'y'], { mode: 'async' });
+      expect(answer.kind).toBe('batch');
+      expect(await batchesCreated()).toBe(before + 1);
+
+      const { latestVersion } = await client.getKey('gateway');
+      const rotate = await keyfleet(['keys', 'rotate', 'gateway'], through);
+      // The client cannot know whether the API rotated: it says so rather than rotating again.
+      expect(rotate.code).toBe(1);
+      expect(rotate.stderr).toContain('503');
+      expect((await client.getKey('gateway')).latestVersion).toBe(latestVersion + 1);
+    } finally {
+      await gateway.close();
+    }
+  });
+});
