@@ -1,6 +1,7 @@
 import { createWriteStream, statSync, unlinkSync, type WriteStream } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
+import { finished } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
@@ -179,6 +180,8 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
   let errorsShown = 0;
   let reportFrom = 0; // items before this one had their error reported by an earlier attempt
   const out = createWriteStream(options.out, { flags: written > 0 ? 'a' : 'w' });
+  // Its errors are read where they matter (write, finished): one nobody listened for would crash the CLI.
+  out.on('error', () => {});
   try {
     for (let attempt = 1; ; attempt++) {
       try {
@@ -202,16 +205,18 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
           }
           // Written every 4,096 lines or 1 MB, whichever comes first: lines of large items add up.
           if (++pending >= 4096 || buffer.length >= 1_048_576) {
-            await write(out, buffer);
+            await write(out, buffer, options.out, batchId);
             written += pending;
             buffer = '';
             pending = 0;
           }
         }
-        await write(out, buffer);
+        await write(out, buffer, options.out, batchId);
         written += pending;
         break;
       } catch (err) {
+        // The output failing (a full disk) is no broken download: reading again cannot help.
+        if (err instanceof OutputError) throw err;
         // A break, or a gateway's answer while the API behind it restarts, is retried; an answer of the API is not.
         const status = (err as { status?: number }).status;
         if (attempt >= DOWNLOAD_ATTEMPTS || (status !== undefined && !GATEWAY_ANSWERS.has(status))) throw err;
@@ -220,10 +225,18 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
         await sleep(500 * attempt);
       }
     }
-  } finally {
+  } catch (err) {
+    // What was written stays, for --resume. A stream that failed is closed already: waiting for
+    // its 'close' would wait for ever.
     out.end();
-    await once(out, 'close');
+    await finished(out).catch(() => {});
+    throw err;
   }
+  out.end();
+  // The last lines reach the file only now: a full disk can show here too.
+  await finished(out).catch((err: unknown) => {
+    throw new OutputError(options.out, batchId, err);
+  });
   if (errorsShown > ERRORS_SHOWN) options.log(`… and ${errorsShown - ERRORS_SHOWN} more failed items`);
   return { written, unwritable };
 }
@@ -239,6 +252,21 @@ function resultValue(line: string): { value?: string; error?: { code: string; me
   return { value, lineBreak: value.includes('\n') };
 }
 
-async function write(out: WriteStream, text: string): Promise<void> {
-  if (text && !out.write(text)) await once(out, 'drain');
+/** The output file cannot be written (ENOSPC, EIO, EFBIG…): the run fails, naming the file and why. */
+export class OutputError extends Error {
+  constructor(path: string, batchId: string, cause: unknown) {
+    const { code, message } = cause as NodeJS.ErrnoException;
+    super(`cannot write the results to ${path} (${code ?? message}); once it can be written, resume with --resume ${batchId}`, { cause });
+  }
+}
+
+/** Writes `text`, waiting while the stream's buffer is full; a stream that failed fails the write. */
+async function write(out: WriteStream, text: string, path: string, batchId: string): Promise<void> {
+  if (!text) return;
+  if (out.errored) throw new OutputError(path, batchId, out.errored);
+  if (out.write(text)) return;
+  // `once` rejects with the stream's error: a failed stream never drains.
+  await once(out, 'drain').catch((err: unknown) => {
+    throw new OutputError(path, batchId, err);
+  });
 }

@@ -113,4 +113,14 @@ describe('the client and the CLI', () => {
       await gateway.close();
     }
   });
+
+  it('stops at a full disk naming the output file and ENOSPC, exit 1, without retrying the download', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    await client.createKey('full');
+    writeFileSync(path('many.txt'), Array.from({ length: 20_000 }, (_, n) => `serial-${n}`).join('\n') + '\n');
+    const run = await keyfleet(['encrypt', '--key', 'full', '--in', 'many.txt', '--out', '/dev/full']);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/keyfleet: cannot write the results to \/dev\/full \(ENOSPC\); once it can be written, resume with --resume [\w-]+\n$/);
+    expect(run.stderr).not.toContain('download interrupted');
+  });
 });
