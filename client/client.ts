@@ -16,6 +16,7 @@ import {
   type ResultLine,
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
+import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
 import { GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
 
@@ -86,6 +87,8 @@ export type CryptoAnswer = ({ kind: 'results' } & CryptoResponse) | ({ kind: 'ba
 export type BodySource = () => AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>;
 
 const encoder = new TextEncoder();
+/** What the API reads after `Bearer ` (shared/tokens.ts): anything else could never authenticate. */
+const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]{1,${MAX_TOKEN_LENGTH}}$`);
 
 /**
  * A typed client of every keyfleet route, over fetch. Answers are checked against the same zod
@@ -96,9 +99,19 @@ export class KeyfleetClient {
   readonly #token: string;
   readonly #retry: RetryOptions;
 
+  // Neither message shows the secret it refuses: a token, or a password in the URL, would be
+  // printed by the CLI and end up in logs.
   constructor({ url, token, retry = {} }: ClientOptions) {
-    if (!/^https?:\/\//.test(url)) throw new Error(`keyfleet client: expected an http(s) URL, got ${JSON.stringify(url)}`);
+    if (!/^https?:\/\//.test(url)) throw new Error(`keyfleet client: expected an http(s) URL, got ${JSON.stringify(withoutUserinfo(url))}`);
+    let parsed: URL;
+    try {
+      parsed = new URL(url);
+    } catch {
+      throw new Error(`keyfleet client: expected an http(s) URL, got ${JSON.stringify(withoutUserinfo(url))}`);
+    }
+    if (parsed.username || parsed.password) throw new Error('keyfleet client: the URL holds credentials (user:password@); give the API’s URL without them, and the bearer token as the token (KEYFLEET_TOKEN)');
     if (!token) throw new Error('keyfleet client: a token is required (KEYFLEET_TOKEN)');
+    if (!TOKEN.test(token)) throw new Error(`keyfleet client: the token must be 1-${MAX_TOKEN_LENGTH} visible ASCII characters (no spaces, line breaks or other characters), as the API reads it; check KEYFLEET_TOKEN`);
     this.url = url.replace(/\/+$/, '');
     this.#token = token;
     this.#retry = retry;
@@ -336,11 +349,13 @@ async function apiError(res: Response): Promise<KeyfleetApiError> {
 /**
  * What a failed fetch becomes. undici reports every failure as `TypeError('fetch failed')` with
  * the reason as its cause, and that includes an error of the body's own source: that one is
- * given back as it is, since the API was reached. An abort or a malformed request (no cause)
- * stays as fetch threw it.
+ * given back as it is, since the API was reached. An abort stays as fetch threw it. A request
+ * fetch refuses to make (a TypeError without a cause) is told without fetch's own message: it
+ * quotes the header or URL it refused, and that can be the token.
  */
 function fetchError(err: unknown, url: string, sourceError?: unknown): unknown {
-  if (!(err instanceof TypeError) || !(err.cause instanceof Error)) return err;
+  if (!(err instanceof TypeError)) return err;
+  if (!(err.cause instanceof Error)) return new Error(`keyfleet client: fetch refused to send a request to ${url} (a header or the URL is malformed)`);
   if (err.cause === sourceError) return sourceError;
   return new KeyfleetConnectionError(url, err.cause);
 }
@@ -355,6 +370,11 @@ function isStreamBreak(err: unknown): err is Error {
   if (err instanceof KeyfleetConnectionError) return true;
   if (err instanceof KeyfleetApiError) return GATEWAY_ANSWERS.has(err.status);
   return err instanceof TypeError && err.cause instanceof Error;
+}
+
+/** `url` with any `user:password@` left out, for a message. */
+function withoutUserinfo(url: string): string {
+  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1');
 }
 
 /** ECONNREFUSED, ENOTFOUND and the like; undici's own codes say less than its messages ("other side closed"). */

@@ -123,4 +123,23 @@ describe('the client and the CLI', () => {
     expect(run.stderr).toMatch(/keyfleet: cannot write the results to \/dev\/full \(ENOSPC\); once it can be written, resume with --resume [\w-]+\n$/);
     expect(run.stderr).not.toContain('download interrupted');
   });
+
+  it('never prints a token it cannot send, nor a password in the URL', async () => {
+    const badToken = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_TOKEN: 'SECRET123\nx' });
+    expect(badToken.code).toBe(1);
+    expect(badToken.stderr).toContain('keyfleet: ');
+    expect(badToken.stdout + badToken.stderr).not.toContain('SECRET123');
+
+    const withPassword = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: `http://user:s3cr3t@127.0.0.1:${port}` });
+    expect(withPassword.code).toBe(1);
+    expect(withPassword.stderr).toContain('keyfleet: ');
+    expect(withPassword.stdout + withPassword.stderr).not.toContain('s3cr3t');
+
+    // The SDK refuses both in its constructor, with messages that name the option, not its value.
+    expect(() => new KeyfleetClient({ url, token: 'SECRET123 x' })).toThrow(/^keyfleet client: the token .*visible ASCII/);
+    expect(() => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })).toThrow(/^keyfleet client: the URL holds credentials/);
+    for (const bad of [() => new KeyfleetClient({ url, token: 'SECRET123 x' }), () => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })]) {
+      expect(() => bad()).not.toThrow(/SECRET123|s3cr3t/);
+    }
+  });
 });
