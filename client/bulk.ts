@@ -41,6 +41,7 @@ export interface BulkOutcome {
 /** Per-item errors printed in full; after that only counted. */
 const ERRORS_SHOWN = 100;
 const DOWNLOAD_ATTEMPTS = 6;
+const BLANK_LINE = /^[ \t]*\r?$/;
 
 /**
  * A file through a batch: stream its lines up as NDJSON, follow the batch's progress, then write
@@ -149,7 +150,10 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
         if (line.endsWith('\r')) line = line.slice(0, -1);
       }
       if (ndjson) {
-        if (line.trim() === '') continue; // the API skips blank NDJSON lines: no item
+        // The API skips blank NDJSON lines: spaces and tabs, with a line end's CR (producer/
+        // ndjson-items.ts). Not what trim() takes as blank: a no-break space or a form feed is
+        // an item to the API (it fails), and skipping it here would shift every line number after.
+        if (BLANK_LINE.test(line)) continue;
         piece += line + '\n';
       } else {
         piece += JSON.stringify(line) + '\n';

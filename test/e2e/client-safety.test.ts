@@ -142,4 +142,20 @@ describe('the client and the CLI', () => {
       expect(() => bad()).not.toThrow(/SECRET123|s3cr3t/);
     }
   });
+
+  it('sends every NDJSON line the API does not take as blank, so failures keep their line numbers', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    await client.createKey('lines');
+    // A no-break space and an ideographic space are not blank to the API (KF_INVALID_ITEM);
+    // spaces, tabs and a trailing CR are, and make no item.
+    writeFileSync(path('spaced.ndjson'), '"a"\n\u00a0\n"b"\n \t\r\n\u3000\n"c"\n');
+    const run = await keyfleet(['encrypt', '--key', 'lines', '--ndjson', '--in', 'spaced.ndjson', '--out', 'spaced.out']);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toMatch(/^line 2: KF_INVALID_ITEM /m);
+    expect(run.stderr).toMatch(/^line 5: KF_INVALID_ITEM /m);
+    const out = readFileSync(path('spaced.out'), 'utf8').split('\n');
+    expect(out).toHaveLength(6);
+    expect(out.slice(0, 5).map((l) => (l === 'null' ? null : typeof JSON.parse(l)))).toEqual(['string', null, 'string', null, 'string']);
+    expect(out[5]).toBe('');
+  });
 });
