@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 import { createWriteStream } from 'node:fs';
 import { once } from 'node:events';
+import type { Writable } from 'node:stream';
+import { finished } from 'node:stream/promises';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { projectVersion } from '../shared/project-root.js';
 import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
@@ -92,15 +94,31 @@ batch
   .option('-o, --out <file>', 'write to a file instead of stdout')
   .option('--from <n>', 'start at item n', positiveInt, 0)
   .action(async (id: string, opts: { out?: string; from: number }, command: Command) => {
-    const out = opts.out ? createWriteStream(opts.out) : process.stdout;
-    for await (const line of clientOf(command).resultLines(id, { from: opts.from })) {
-      if (!out.write(line + '\n')) await once(out, 'drain');
+    const client = clientOf(command);
+    const file = opts.out;
+    // Opened before anything is fetched: a path that cannot be written fails at once, plainly.
+    const out: Writable = file ? await openOutput(file) : process.stdout;
+    const failed = (err: unknown): Error => (file ? cannotWrite(file, err) : (err as Error));
+    for await (const line of client.resultLines(id, { from: opts.from })) {
+      if (out.errored) throw failed(out.errored);
+      // `once` rejects with the stream's error: a failed stream never drains.
+      if (!out.write(line + '\n')) await once(out, 'drain').catch((err: unknown) => Promise.reject(failed(err)));
     }
-    if (opts.out) {
+    if (file) {
       out.end();
-      await once(out, 'close');
+      await finished(out).catch((err: unknown) => Promise.reject(failed(err)));
     }
   });
+
+/** A file opened for writing; its errors are read where they matter (an unheard 'error' would crash the CLI with a stack). */
+async function openOutput(path: string): Promise<Writable> {
+  const out = createWriteStream(path);
+  out.on('error', () => {});
+  await once(out, 'open').catch((err: unknown) => Promise.reject(cannotWrite(path, err)));
+  return out;
+}
+
+const cannotWrite = (path: string, err: unknown): Error => new Error(`cannot write ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, { cause: err });
 
 try {
   await program.parseAsync(process.argv);

@@ -158,4 +158,15 @@ describe('the client and the CLI', () => {
     expect(out.slice(0, 5).map((l) => (l === 'null' ? null : typeof JSON.parse(l)))).toEqual(['string', null, 'string', null, 'string']);
     expect(out[5]).toBe('');
   });
+
+  it('says it cannot write batch results to a path in a missing folder, and exits 1 without a stack', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    await client.createKey('results');
+    const { batchId } = await client.createBatch({ op: 'encrypt', key: 'results' }, () => ['a', 'b']);
+    await client.waitForBatch(batchId);
+    const run = await keyfleet(['batch', 'results', batchId, '--out', '/nonexistent/x']);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toBe('keyfleet: cannot write /nonexistent/x (ENOENT)\n');
+    expect(run.stdout).toBe('');
+  });
 });
