@@ -208,12 +208,15 @@ export class KeyfleetClient {
     return this.#json(await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}`), batchStatus);
   }
 
-  /** The batch's status now and at every change, ending with its final status. */
+  /** The batch’s status now and at every change, ending with its final status; a batch whose record goes meanwhile (expired, deleted) ends it with an error. */
   async *events(id: string, signal?: AbortSignal): AsyncGenerator<BatchStatusBody & { final: boolean }> {
     const res = await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}/events`, undefined, signal ? { signal } : {});
     if (!res.ok || !res.body) throw await apiError(res);
     for await (const { event, data } of readServerEvents(res.body)) {
-      const status = batchStatus.safeParse(JSON.parse(data));
+      const parsed: unknown = JSON.parse(data);
+      // The API's last word on a batch whose record is gone (expired, or deleted) while watched.
+      if (event === 'done' && (parsed as { status?: unknown } | null)?.status === 'deleted') throw new Error(`batch ${id} expired or was deleted`);
+      const status = batchStatus.safeParse(parsed);
       if (!status.success) throw new Error(`batch ${id}: an event that is not a status: ${data.slice(0, 200)}`);
       yield { ...status.data, final: event === 'done' };
       if (event === 'done') return;

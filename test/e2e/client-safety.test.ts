@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -168,5 +169,26 @@ describe('the client and the CLI', () => {
     expect(run.code).toBe(1);
     expect(run.stderr).toBe('keyfleet: cannot write /nonexistent/x (ENOENT)\n');
     expect(run.stdout).toBe('');
+  });
+
+  it('says a batch expired or was deleted when its record goes while the CLI waits', async () => {
+    // A stand-in API whose event stream says what producer/sse.ts says of a record that is gone.
+    const status = JSON.stringify({ id: 'Gone1234Gone5678', op: 'encrypt', key: 'k', status: 'running', total: 10, processed: 3, succeeded: 3, failed: 0, createdAt: new Date().toISOString() });
+    const server = createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(`event: progress\ndata: ${status}\n\nevent: done\ndata: ${JSON.stringify({ id: 'Gone1234Gone5678', status: 'deleted' })}\n\n`);
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    try {
+      const standIn = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+      const client = new KeyfleetClient({ url: standIn, token: 't' });
+      await expect(client.waitForBatch('Gone1234Gone5678')).rejects.toThrow(/^batch Gone1234Gone5678 expired or was deleted$/);
+      const run = await keyfleet(['encrypt', '--key', 'k', '--resume', 'Gone1234Gone5678', '--out', 'gone.enc'], { KEYFLEET_URL: standIn });
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/\nkeyfleet: batch Gone1234Gone5678 expired or was deleted\n$/);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((ok) => server.close(ok));
+    }
   });
 });
