@@ -25,7 +25,7 @@ export interface ClientOptions {
   readonly url: string;
   /** A bearer token of `KEYFLEET_TOKENS`. */
   readonly token: string;
-  /** Retries of 429 and 503 answers (Retry-After honoured). */
+  /** Retries of 429 and 503 answers (Retry-After honoured; a 503 of a call not safe to repeat only when the API says nothing was done). */
   readonly retry?: RetryOptions;
 }
 
@@ -92,7 +92,8 @@ const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]{1,${MAX_TOKEN_LENGTH}}$`);
 
 /**
  * A typed client of every keyfleet route, over fetch. Answers are checked against the same zod
- * schemas the API validates with; 429 and 503 are retried with backoff, honouring Retry-After.
+ * schemas the API validates with; 429 and 503 are retried with backoff, honouring Retry-After,
+ * but never so that the work is done twice (#send).
  */
 export class KeyfleetClient {
   readonly url: string;
