@@ -299,10 +299,13 @@ export class KeyfleetClient {
   // ---- plumbing -------------------------------------------------------------------------
   async #crypto(op: BatchOp, key: string, items: readonly string[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
     const { idempotencyKey, ...rest } = options;
-    // A call that may become a batch (mode auto or async) gets a key of its own, so that a retry
-    // cannot make a second batch; a sync-only call changes nothing and is sent again as it is.
-    const retryKey = idempotencyKey ?? (options.mode === 'sync' ? undefined : randomUUID());
-    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable: true, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}) });
+    // A call that becomes a batch (mode async) gets a key of its own, so that a retry cannot make
+    // a second batch. A sync call changes nothing and is sent again as it is. A call in mode auto
+    // may be either: a key on every one would have the API store every sync answer for
+    // IDEMPOTENCY_TTL_SECONDS, so it is sent again only after the API's own "nothing done".
+    const retryKey = idempotencyKey ?? (options.mode === 'async' ? randomUUID() : undefined);
+    const repeatable = retryKey !== undefined || options.mode === 'sync';
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}) });
     if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
     return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
   }
