@@ -1,5 +1,8 @@
+import type { ServerResponse } from 'node:http';
 import type { onRequestHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
+
+const HELD = Symbol('keyfleet.bodyBytesHeld');
 
 /**
  * A bound on the request bodies the API holds at once. fastify reads a JSON body whole (up to
@@ -19,6 +22,11 @@ import { KeyfleetError } from '../shared/errors.js';
  */
 export function bodyBudget(limit: number, maxBodyBytes: number): onRequestHookHandler {
   let held = 0;
+  // One listener for every response, the bytes on the response itself: no closure per request
+  // on the sync path. 'close' comes once, when the answer is sent or the connection is gone.
+  function release(this: ServerResponse & { [HELD]?: number }): void {
+    held -= this[HELD] ?? 0;
+  }
   return (request, reply, done) => {
     const { headers } = request;
     const chunked = headers['transfer-encoding'] !== undefined;
@@ -30,8 +38,8 @@ export function bodyBudget(limit: number, maxBodyBytes: number): onRequestHookHa
       return done(new KeyfleetError('KF_BUSY', undefined, { retryAfterSeconds: 1 }));
     }
     held += bytes;
-    // 'close' comes once, when the answer is sent or the connection is gone before it.
-    reply.raw.once('close', () => (held -= bytes));
+    (reply.raw as ServerResponse & { [HELD]?: number })[HELD] = bytes;
+    reply.raw.on('close', release);
     done();
   };
 }
