@@ -1,17 +1,17 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetApiError, KeyfleetClient, KeyfleetConnectionError, retryDelayMs } from '../../client/index.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
+import { runCli } from '../helpers/cli.js';
 import { freePort, tcpProxy } from '../helpers/net.js';
 import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
-const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
 // No key cache: a rotation done through the API shows in the worker's next chunk (by default within KEY_CACHE_TTL_MS).
 // The worker at its production scheduling (tests default to normal priority), checked below.
 const { env, admin } = testEnv({ CHUNK_ITEMS: '5000', KEY_CACHE_TTL_MS: '0', WORKER_SCHED: 'idle', WORKER_NICE: '19' });
@@ -31,21 +31,9 @@ afterAll(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-/** Runs the built CLI as a user would; resolves with its exit status and output. `started` gets the process, to signal it. */
-function keyfleet(args: string[], extraEnv: Record<string, string> = {}, started?: (child: ChildProcess) => void): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((done, fail) => {
-    const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, cwd: dir });
-    started?.(child);
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 90_000);
-    child.on('error', fail);
-    // 'close', not 'exit': it comes once stdout and stderr are read to the end.
-    child.on('close', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
-  });
-}
+/** The built CLI as the admin tenant against this file's API; `started` gets the process, to signal it. */
+const keyfleet = (args: string[], extraEnv: Record<string, string> = {}, started?: (child: ChildProcess) => void) =>
+  runCli(args, { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, ...(started ? { started } : {}) });
 
 const path = (name: string) => join(dir, name);
 

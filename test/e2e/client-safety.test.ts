@@ -1,17 +1,16 @@
-import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetClient } from '../../client/index.js';
 import { testEnv } from '../helpers/env.js';
+import { runCli } from '../helpers/cli.js';
 import { freePort, tcpProxy, type ProxiedConnection } from '../helpers/net.js';
 import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 // What the client and the CLI must never do: work done twice, output lost without a word,
 // secrets printed, input lines dropped. Each against the real service.
-const cliPath = resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'cli.js');
 const { env, admin } = testEnv({ KEY_CACHE_TTL_MS: '0' });
 let api: RunningProcess;
 let worker: RunningProcess;
@@ -30,19 +29,8 @@ afterAll(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-/** Runs the built CLI as a user would; resolves with its exit status and output. */
-function keyfleet(args: string[], extraEnv: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((done, fail) => {
-    const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, cwd: dir });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
-    child.on('error', fail);
-    child.on('close', (code) => (clearTimeout(timer), done({ code, stdout, stderr })));
-  });
-}
+/** The built CLI as the admin tenant against this file's API. */
+const keyfleet = (args: string[], extraEnv: Record<string, string> = {}) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, timeoutMs: 60_000 });
 
 const path = (name: string) => join(dir, name);
 
