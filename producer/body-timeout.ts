@@ -2,6 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { preParsingHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
+import type { BodyBudget } from './body-budget.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -21,12 +22,13 @@ declare module 'fastify' {
  * It must stay the last preParsing hook (it is the only one): fastify's body reader has to
  * attach in the same tick as the watch's 'data' listener, which sets the body flowing.
  */
-export function bodyPauseLimit(seconds: number): preParsingHookHandler {
-  return (request, _reply, payload, done) => {
+export function bodyPauseLimit(seconds: number, budget: BodyBudget): preParsingHookHandler {
+  return (request, reply, payload, done) => {
     const { headers, raw } = request;
     const hasBody = headers['transfer-encoding'] !== undefined || (headers['content-length'] !== undefined && headers['content-length'] !== '0');
-    // preParsing runs as the headers arrive, mostly before the body has: `complete` is rarely true.
-    if (hasBody && !raw.complete && !request.routeOptions.config?.readsOwnBody) watchPauses(payload, raw, seconds);
+    // preParsing runs as the headers arrive, mostly before the body has: `complete` is rarely true
+    // (a chunked body that is, came in the headers' read: small, and not counted).
+    if (hasBody && !raw.complete && !request.routeOptions.config?.readsOwnBody) watchPauses(payload, raw, seconds, budget.chunkCounter(reply));
     done(null, payload);
   };
 }
@@ -41,22 +43,27 @@ export function bodyPauseLimit(seconds: number): preParsingHookHandler {
  * of its own (a PassThrough per body cost the API 10–25% more CPU per sync request in an A/B
  * run).
  */
-function watchPauses(body: Readable, request: IncomingMessage, seconds: number): void {
+function watchPauses(body: Readable, request: IncomingMessage, seconds: number, count?: (bytes: number) => KeyfleetError | undefined): void {
   const socket = request.socket;
-  const alive = (): void => void timer.refresh();
+  const fail = (err: KeyfleetError): void => {
+    stop();
+    if (body.listenerCount('error') > 0) body.emit('error', err);
+    else socket.destroy();
+  };
+  // A chunked body is also counted against the bodies held at once (BodyBudget), piece by piece.
+  const alive = count
+    ? (piece: Buffer): void => {
+        timer.refresh();
+        const over = count(piece.length);
+        if (over) fail(over);
+      }
+    : (): void => void timer.refresh();
   const stop = (): void => {
     clearTimeout(timer);
     body.off('data', alive).off('end', stop);
     socket.off('close', stop);
   };
-  const timer = setTimeout(() => {
-    stop();
-    if (body.listenerCount('error') > 0) {
-      body.emit('error', new KeyfleetError('KF_REQUEST_TIMEOUT', `the request body sent nothing for ${seconds} s (UPLOAD_IDLE_SECONDS)`));
-    } else {
-      socket.destroy();
-    }
-  }, seconds * 1000);
+  const timer = setTimeout(() => fail(new KeyfleetError('KF_REQUEST_TIMEOUT', `the request body sent nothing for ${seconds} s (UPLOAD_IDLE_SECONDS)`)), seconds * 1000);
   body.on('data', alive).once('end', stop);
   socket.once('close', stop);
 }

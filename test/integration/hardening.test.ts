@@ -265,6 +265,38 @@ describe('request bodies held at once', () => {
     expect(statusOf(await slowRequest(600_000, 600_000).answer)).toBe(200);
   });
 
+  /** A sync encrypt with a chunked body of `bytes`, sent in pieces of 64 KB. */
+  function chunkedRequest(bytes: number): Promise<string> {
+    const items = JSON.stringify({ items: ['x'.repeat(bytes - 14)] });
+    const head = `POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n`;
+    let body = '';
+    for (let at = 0; at < items.length; at += 65_536) {
+      const piece = items.slice(at, at + 65_536);
+      body += `${piece.length.toString(16)}\r\n${piece}\r\n`;
+    }
+    return new Promise<string>((resolve) => {
+      let text = '';
+      const socket = connect(port, '127.0.0.1', () => socket.write(head + body + '0\r\n\r\n'));
+      socket.setEncoding('latin1').on('data', (d) => (text += d));
+      socket.on('error', () => {}).on('close', () => resolve(text));
+      setTimeout(() => socket.destroy(), 20_000).unref();
+    });
+  }
+
+  it('counts a chunked body as it arrives: small ones pass beside a large body, one that passes the bound fails KF_BUSY', async () => {
+    const large = slowRequest(1_000_000, 1_000);
+    await sleep(200);
+    // Counted at MAX_BODY_BYTES each before they arrived, any of these was refused.
+    const small = await Promise.all(Array.from({ length: 5 }, () => chunkedRequest(2_000)));
+    expect(small.map(statusOf)).toEqual([200, 200, 200, 200, 200]);
+    const over = await chunkedRequest(700_000);
+    expect(statusOf(over)).toBe(503);
+    expect(over).toContain('"code":"KF_BUSY"');
+    large.finish();
+    expect(statusOf(await large.answer)).toBe(200);
+    expect(statusOf(await chunkedRequest(700_000))).toBe(200);
+  });
+
   it('gives the room back when a client goes away before its body is in', async () => {
     const gone = slowRequest(1_000_000, 1_000);
     await sleep(200);
