@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { ErrorCode } from '../shared/errors.js';
 
 export interface RetryOptions {
   /** Attempts in all, the first included (default 5). */
@@ -36,7 +37,7 @@ export function retryDelayMs(attempt: number, retryAfter: string | null, { baseD
  * work (no Redis, Redis full, the tenant's or the service's limits). A request that is not safe
  * to send twice may be sent again after one of these, and after nothing else.
  */
-export const NOTHING_DONE = new Set(['KF_REDIS_UNAVAILABLE', 'KF_REDIS_FULL', 'KF_BUSY', 'KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL', 'KF_RATE_LIMITED']);
+export const NOTHING_DONE: ReadonlySet<string> = new Set<ErrorCode>(['KF_REDIS_UNAVAILABLE', 'KF_REDIS_FULL', 'KF_BUSY', 'KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL', 'KF_RATE_LIMITED']);
 
 /**
  * Runs `send` until it answers something other than 429/503, or the attempts run out.

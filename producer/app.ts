@@ -9,7 +9,7 @@ import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { BodyBudget } from './body-budget.js';
-import { bodyPauseLimit } from './body-timeout.js';
+import { watchBodies } from './body-timeout.js';
 import { clientErrorHandler } from './client-errors.js';
 import { refuseOnClosingConnection } from './lingering-close.js';
 import { lazyRequestLoggers } from './request-logger.js';
@@ -124,8 +124,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
   });
   app.addHook('onRequest', refuseOnClosingConnection);
-  const bodies = new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes);
-  app.addHook('preParsing', bodyPauseLimit(config.uploadIdleSeconds, bodies));
+  app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes)));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
   // schema, and values they could not decode here; the others refuse any parameter. Each check
@@ -144,8 +143,6 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
 
   await app.register(errorsPlugin, { connectionErrors: services.connectionErrors });
   await app.register(authPlugin, { verifier });
-  // After authentication (its hook comes first): a request refused for its token holds no budget.
-  app.addHook('onRequest', bodies.onRequest);
   await app.register(metricsPlugin);
   await app.register(rateLimitPlugin, { redis: services.redis, prefix: config.prefix, perSecond: config.syncRateLimit });
   await app.register(docsPlugin, { version: projectVersion() });

@@ -1,12 +1,7 @@
 import type { ServerResponse } from 'node:http';
-import type { FastifyReply, onRequestHookHandler } from 'fastify';
-import { KeyfleetError } from '../shared/errors.js';
 
-type Tracked = ServerResponse & { [HELD]?: number; [CHUNKED]?: boolean };
+type Tracked = ServerResponse & { [HELD]?: number };
 const HELD = Symbol('keyfleet.bodyBytesHeld');
-const CHUNKED = Symbol('keyfleet.bodyChunked');
-
-const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retryAfterSeconds: 1 });
 
 /**
  * A bound on the request bodies the API holds at once. fastify reads a JSON body whole (up to
@@ -17,14 +12,11 @@ const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retr
  * in flight with it. With the default 48 MiB in flight: 327–374 MB, three taken and thirteen
  * answered 503.
  *
- * `onRequest`, a hook after authentication: a request with a Content-Length reserves it until its
- * response is closed; one that would take the bodies held past `limit` (MAX_BODY_BYTES_IN_FLIGHT)
- * is answered 503 KF_BUSY with Retry-After before its body is read. A chunked body's length is
- * known only as it arrives: it is counted piece by piece (`chunkCounter`, from the body's pause
- * watch), and fails KF_BUSY at the piece that passes the limit. A request is let through whatever
- * its size when nothing else is held, so a limit below MAX_BODY_BYTES slows the API down rather
- * than shutting large bodies out. Routes that read their own bodies (uploads, streamed into
- * chunks) do not count.
+ * The body watch (body-timeout.ts) reserves a request's Content-Length before the body is read,
+ * and counts a chunked body piece by piece as it arrives; what a response reserved is given back
+ * when it closes. A body that would take the bodies held past `limit` (MAX_BODY_BYTES_IN_FLIGHT)
+ * is refused, unless it is the only one held: a limit below MAX_BODY_BYTES slows the API down
+ * rather than shutting large bodies out.
  */
 export class BodyBudget {
   #held = 0;
@@ -43,39 +35,25 @@ export class BodyBudget {
     };
   }
 
-  /** Bytes of bodies held now (for tests and metrics). */
-  get held(): number {
-    return this.#held;
-  }
-
-  readonly onRequest: onRequestHookHandler = (request, reply, done) => {
-    const { headers } = request;
-    const chunked = headers['transfer-encoding'] !== undefined;
-    const declared = headers['content-length'];
-    if ((!chunked && (declared === undefined || declared === '0')) || request.routeOptions.config?.readsOwnBody) return done();
-    // A length past the body limit is refused by fastify's 413 before any of it is held.
-    const bytes = chunked ? 0 : Math.min(Number(declared) || 0, this.#maxBodyBytes);
-    if (this.#held > 0 && this.#held + bytes > this.#limit) return done(busy());
-    this.#held += bytes;
-    const res = reply.raw as Tracked;
-    res[HELD] = bytes;
-    if (chunked) res[CHUNKED] = true;
+  /**
+   * Reserves `bytes` (at most MAX_BODY_BYTES: fastify refuses a longer body with 413) for the body
+   * answered by `res`, until it closes; false, and nothing reserved, when that would pass the limit.
+   */
+  reserve(res: ServerResponse, bytes: number): boolean {
+    const taken = Math.min(bytes, this.#maxBodyBytes);
+    if (this.#held > 0 && this.#held + taken > this.#limit) return false;
+    this.#held += taken;
+    (res as Tracked)[HELD] = taken;
     // 'close' comes once, when the answer is sent or the connection is gone before it.
     res.on('close', this.#release);
-    done();
-  };
+    return true;
+  }
 
-  /**
-   * For a chunked body this budget tracks: counts each piece as it arrives, and gives the error
-   * to fail the body with once the bodies held pass the limit (undefined while within it).
-   */
-  chunkCounter(reply: FastifyReply): ((bytes: number) => KeyfleetError | undefined) | undefined {
-    const res = reply.raw as Tracked;
-    if (!res[CHUNKED]) return undefined;
-    return (bytes) => {
-      this.#held += bytes;
-      res[HELD]! += bytes;
-      return this.#held > this.#limit && res[HELD] !== this.#held ? busy() : undefined;
-    };
+  /** Counts `bytes` more of a body `res` reserved for; false once the bodies held pass the limit (they stay counted until it closes). */
+  grow(res: ServerResponse, bytes: number): boolean {
+    const tracked = res as Tracked;
+    tracked[HELD] = (tracked[HELD] ?? 0) + bytes;
+    this.#held += bytes;
+    return this.#held <= this.#limit || tracked[HELD] === this.#held;
   }
 }

@@ -11,30 +11,42 @@ declare module 'fastify' {
   }
 }
 
+const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retryAfterSeconds: 1 });
+
 /**
- * A preParsing hook, for every request (the 404 handler's too: fastify reads its body as
- * well): a body that sends nothing for `seconds` (UPLOAD_IDLE_SECONDS, as for an upload) is
- * answered 408 KF_REQUEST_TIMEOUT, and the error handler closes the connection. Without it a
- * client that stopped half-way through a body held its connection and the part it sent for as
- * long as it liked. fastify reads such bodies as they come, never pausing, so every wait is the
- * client's.
+ * A preParsing hook, for every request with a body (the 404 handler's too: fastify reads its
+ * body as well), before the body is read and after authentication and the rate limit:
+ * - the body is counted against the bodies held at once (`budget`, MAX_BODY_BYTES_IN_FLIGHT): by
+ *   its Content-Length now, refused 503 KF_BUSY with Retry-After when it would pass the bound; a
+ *   chunked one piece by piece as it arrives, failing KF_BUSY at the piece that passes it;
+ * - a body that sends nothing for `seconds` (UPLOAD_IDLE_SECONDS, as for an upload) is answered
+ *   408 KF_REQUEST_TIMEOUT, and the error handler closes the connection. Without it a client
+ *   that stopped half-way through a body held its connection and the part it sent for as long as
+ *   it liked. fastify reads such bodies as they come, never pausing, so every wait is the client's.
+ * Routes that read their own bodies (uploads, streamed into chunks) bound their pauses themselves
+ * and hold no whole body: neither applies.
  *
  * It must stay the last preParsing hook (it is the only one): fastify's body reader has to
  * attach in the same tick as the watch's 'data' listener, which sets the body flowing.
  */
-export function bodyPauseLimit(seconds: number, budget: BodyBudget): preParsingHookHandler {
+export function watchBodies(seconds: number, budget: BodyBudget): preParsingHookHandler {
   return (request, reply, payload, done) => {
     const { headers, raw } = request;
-    const hasBody = headers['transfer-encoding'] !== undefined || (headers['content-length'] !== undefined && headers['content-length'] !== '0');
+    const chunked = headers['transfer-encoding'] !== undefined;
+    const declared = headers['content-length'];
+    if ((!chunked && (declared === undefined || declared === '0')) || request.routeOptions.config?.readsOwnBody) return done(null, payload);
+    const res = reply.raw;
+    if (!budget.reserve(res, chunked ? 0 : Number(declared) || 0)) return done(busy());
     // preParsing runs as the headers arrive, mostly before the body has: `complete` is rarely true
     // (a chunked body that is, came in the headers' read: small, and not counted).
-    if (hasBody && !raw.complete && !request.routeOptions.config?.readsOwnBody) watchPauses(payload, raw, seconds, budget.chunkCounter(reply));
+    if (!raw.complete) watchPauses(payload, raw, seconds, chunked ? (bytes) => budget.grow(res, bytes) : undefined);
     done(null, payload);
   };
 }
 
 /**
- * Fails `body` with KF_REQUEST_TIMEOUT after `seconds` without a byte, as an 'error' event: what
+ * Fails `body` with KF_REQUEST_TIMEOUT after `seconds` without a byte (or KF_BUSY at a piece
+ * `count` refuses), as an 'error' event: what
  * fastify's body reader listens for (a client that goes away is one too). Destroying the request
  * instead would take the socket, and the answer, with it. A body nobody reads any more (the
  * request was answered without it) only holds its connection: that is closed.
@@ -43,19 +55,18 @@ export function bodyPauseLimit(seconds: number, budget: BodyBudget): preParsingH
  * of its own (a PassThrough per body cost the API 10–25% more CPU per sync request in an A/B
  * run).
  */
-function watchPauses(body: Readable, request: IncomingMessage, seconds: number, count?: (bytes: number) => KeyfleetError | undefined): void {
+function watchPauses(body: Readable, request: IncomingMessage, seconds: number, count?: (bytes: number) => boolean): void {
   const socket = request.socket;
   const fail = (err: KeyfleetError): void => {
     stop();
     if (body.listenerCount('error') > 0) body.emit('error', err);
     else socket.destroy();
   };
-  // A chunked body is also counted against the bodies held at once (BodyBudget), piece by piece.
+  // A chunked body is also counted against the bodies held at once, piece by piece.
   const alive = count
     ? (piece: Buffer): void => {
         timer.refresh();
-        const over = count(piece.length);
-        if (over) fail(over);
+        if (!count(piece.length)) fail(busy());
       }
     : (): void => void timer.refresh();
   const stop = (): void => {

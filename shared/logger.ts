@@ -59,6 +59,12 @@ const SYSTEM_ERROR_FIELDS = ['code', 'errno', 'syscall', 'address', 'port', 'sta
 /** Causes and aggregated errors are followed this deep. */
 const MAX_ERROR_DEPTH = 3;
 
+/** The name of the Redis command an ioredis error is about (never its arguments). */
+export function commandName(err: Error): string | undefined {
+  const name = (err as { command?: { name?: unknown } }).command?.name;
+  return typeof name === 'string' ? name : undefined;
+}
+
 /**
  * What a log line shows of an error. pino's own serializer copies every enumerable property, and
  * an error may carry anything: ioredis's ReplyError the command's arguments (on a SET that a full
@@ -76,8 +82,8 @@ export function errorForLog(err: unknown, depth = 0): unknown {
     const value = fields[field];
     if (typeof value === 'string' || typeof value === 'number') shown[field] = value;
   }
-  const command = fields['command'] as { name?: unknown } | undefined;
-  if (typeof command?.name === 'string') shown['command'] = command.name;
+  const command = commandName(err);
+  if (command) shown['command'] = command;
   if (depth < MAX_ERROR_DEPTH) {
     if (err.cause !== undefined) shown['cause'] = errorForLog(err.cause, depth + 1);
     // ioredis's own causes: a cluster that found no node (the last node's error), and a

@@ -1,5 +1,5 @@
 import { Cluster, Redis as SingleRedis, type ClusterNode, type RedisOptions } from 'ioredis';
-import type { Logger } from './logger.js';
+import { commandName, type Logger } from './logger.js';
 
 /** A Redis connection: one server, or a Redis Cluster. Every script keeps its keys in one slot, so both work alike. */
 export type Redis = SingleRedis | Cluster;
@@ -51,8 +51,8 @@ export class ConnectionErrorLog {
     this.#seen.set(err.message, { at: now, held: 0 });
     const code = (err as NodeJS.ErrnoException).code;
     // A command Redis refused (a full Redis) by its name: never its arguments.
-    const command = (err as { command?: { name?: unknown } }).command?.name;
-    const shown = { message: err.message, ...(code ? { code } : {}), ...(typeof command === 'string' ? { command } : {}) };
+    const command = commandName(err);
+    const shown = { message: err.message, ...(code ? { code } : {}), ...(command ? { command } : {}) };
     this.#logger.error({ ...fields, source, err: shown, ...(seen?.held ? { heldBack: seen.held } : {}) }, msg);
   }
 

@@ -38,6 +38,7 @@ const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]+$`);
  * token holding a `:` would show its tail as a scope).
  */
 export function parseTokens(spec: string): TokenEntry[] {
+  const isScope = (s: string): boolean => (SCOPES as readonly string[]).includes(s);
   const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
   return entries.map((entry, index) => {
     const fail: (expected: string) => never = (expected) => {
@@ -52,9 +53,9 @@ export function parseTokens(spec: string): TokenEntry[] {
     if (!TOKEN.test(token)) fail('a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it');
     // `<token>:encrypt+decrypt+…`, the tenant left out, would make the token the tenant's name
     // (logged with every request) and the scope list a token anyone could guess.
-    if (token.split('+').every((s) => (SCOPES as readonly string[]).includes(s))) fail('tenant:token[:scope+scope], got scopes where the token goes (is the tenant missing?)');
+    if (token.split('+').every(isScope)) fail('tenant:token[:scope+scope], got scopes where the token goes (is the tenant missing?)');
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
-    if (!scopes.every((s) => (SCOPES as readonly string[]).includes(s))) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
+    if (!scopes.every(isScope)) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
     return { tenant, token, scopes: new Set(scopes as Scope[]) };
   });
 }
