@@ -89,7 +89,7 @@ const isContext = (value: unknown): value is string =>
  *
  * Checked by hand rather than by a zod union that `.catch`es: the union builds its issues for
  * every element that fails it (a million numbers: 2.8 s, against 37 ms for this check), so that
- * a 16 MB body of numbers held the event loop for over 20 s, before the rate limiter saw it.
+ * a 16 MB body of numbers held the event loop, and every other request, for over 20 s.
  */
 export function readSyncItem(element: unknown): SyncItem {
   if (typeof element === 'string') return isText(element) ? element : null;
