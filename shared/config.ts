@@ -39,10 +39,51 @@ const masterKey = z
   })
   .optional();
 
+/**
+ * The highest database number any Redis can have: its `databases` setting is at most 2^31−1.
+ * Which ones a given Redis has (16 by default) only it knows, once connected.
+ */
+const MAX_REDIS_DATABASE = 2 ** 31 - 2;
+
+/**
+ * The databases a redis:// URL names, as the client reads them: the path (`/2`), else `?db=2`.
+ * The client reads them with parseInt: `/abc` crashed the process at its first command, `/1x`
+ * was database 1, and one Redis cannot select ran on database 0 after an error line. A URL that
+ * does not parse names none here: the client refuses it as the process starts, as a fatal line too.
+ */
+function namedDatabases(url: string): string[] {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return [];
+  }
+  const named = parsed.searchParams.getAll('db');
+  if (parsed.pathname !== '' && parsed.pathname !== '/') named.push(parsed.pathname.slice(1));
+  return named;
+}
+
+const isDatabase = (db: string): boolean => /^\d{1,10}$/.test(db) && Number(db) <= MAX_REDIS_DATABASE;
+
+/** The URLs of a REDIS_URL that passed its format check (no raw comma or space within a URL). */
+const redisUrls = (value: string): string[] => value.split(',').map((url) => url.trim());
+
 const envSchema = z.object({
   REDIS_URL: z
     .string()
-    .regex(/^rediss?:\/\/[^,\s]+(,\s*rediss?:\/\/[^,\s]+)*$/, 'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs)')
+    .regex(
+      /^rediss?:\/\/[^,\s]+(,\s*rediss?:\/\/[^,\s]+)*$/,
+      'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs)',
+    )
+    // Only a value of the right form is read for its databases: one error per value.
+    .pipe(
+      z
+        .string()
+        .refine(
+          (value) => redisUrls(value).every((url) => namedDatabases(url).every(isDatabase)),
+          `expected the database after the host to be a whole number from 0 to ${MAX_REDIS_DATABASE}, as in redis://host:6379/2`,
+        ),
+    )
     .default('redis://127.0.0.1:6379'),
   /** Talk to a Redis Cluster: REDIS_URL lists seed nodes. */
   REDIS_CLUSTER: z.enum(['true', 'false', '1', '0']).default('false'),
@@ -235,6 +276,11 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
   }
   const e = parsed.data;
+  const redisCluster = e.REDIS_CLUSTER === 'true' || e.REDIS_CLUSTER === '1';
+  // The cluster client takes hosts and ports from the URLs, and would quietly use database 0.
+  if (redisCluster && redisUrls(e.REDIS_URL).some((url) => namedDatabases(url).some((db) => Number(db) !== 0))) {
+    throw new ConfigError(`invalid configuration:\n  REDIS_URL: a Redis Cluster (REDIS_CLUSTER=true) has database 0 alone (got ${shown('REDIS_URL', e.REDIS_URL)})`);
+  }
   let tokens: TokenEntry[];
   try {
     tokens = e.KEYFLEET_TOKENS ? parseTokens(e.KEYFLEET_TOKENS) : [];
@@ -243,7 +289,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
   }
   return Object.freeze({
     redisUrl: e.REDIS_URL,
-    redisCluster: e.REDIS_CLUSTER === 'true' || e.REDIS_CLUSTER === '1',
+    redisCluster,
     host: e.HOST,
     port: e.PORT,
     tokens: Object.freeze(tokens),

@@ -114,6 +114,19 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     }
   });
 
+  it('a REDIS_URL whose database is not a whole number stops the API and the worker at start, naming REDIS_URL, not later with a stack', async () => {
+    // The client read the database with parseInt: /abc crashed the process at its first command
+    // (a ReplyError on stderr), /1x quietly used database 1, and one past what Redis can select
+    // ran on database 0 after an error line.
+    for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+      for (const db of ['abc', '1x', '99999999999']) {
+        const { fatal } = await failedStart(entry, { ...env, REDIS_URL: `${env['REDIS_URL']}/${db}` });
+        expect(fatal.err.type).toBe('ConfigError');
+        expect(fatal.err.message).toBe(`invalid configuration:\n  REDIS_URL: expected the database after the host to be a whole number from 0 to 2147483646, as in redis://host:6379/2 (got ${JSON.stringify(`${env['REDIS_URL']}/${db}`)})`);
+      }
+    }
+  });
+
   it('an API without a token list or a master key exits 1 at once, naming what is missing', async () => {
     const port = String(await freePort());
     const { KEYFLEET_TOKENS: _tokens, ...noTokens } = env;

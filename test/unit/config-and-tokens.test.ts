@@ -41,6 +41,27 @@ describe('configuration', () => {
     expect(odd).not.toMatch(/ss\/w0rd/);
   });
 
+  it('refuses a REDIS_URL database that is not a whole number Redis can select, instead of crashing at the first command or reading /1x as 1', () => {
+    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
+    const refused = [
+      'redis://h:6379/abc', 'redis://h:6379/1x', 'redis://h:6379/-1', 'redis://h:6379/1.5', 'redis://h:6379/%31', 'redis://h:6379/0/',
+      'redis://h:6379/2147483647', 'redis://h:6379/99999999999', 'redis://h:6379?db=abc', 'redis://h:6379/?db=', 'rediss://u:p@h:6380/x',
+      'redis://h1:6379,redis://h2:6379/x',
+    ];
+    for (const url of refused) {
+      const shown = JSON.stringify(url.replace('u:p@', '…@'));
+      expect(errorOf({ REDIS_URL: url }), url).toBe(`invalid configuration:\n  REDIS_URL: expected the database after the host to be a whole number from 0 to 2147483646, as in redis://host:6379/2 (got ${shown})`);
+    }
+    for (const url of ['redis://h:6379', 'redis://h:6379/', 'redis://h:6379/0', 'redis://h:6379/15', 'redis://h:6379/2147483646', 'redis://h:6379?db=3', 'rediss://u:p@h:6380/2']) {
+      expect(loadConfig({ REDIS_URL: url }).redisUrl, url).toBe(url);
+    }
+    // A Redis Cluster has database 0 alone, and the cluster client would quietly use it.
+    for (const url of ['redis://h1:6379/0,redis://h2:6379/3', 'redis://h1:6379?db=1']) {
+      expect(errorOf({ REDIS_URL: url, REDIS_CLUSTER: 'true' }), url).toBe(`invalid configuration:\n  REDIS_URL: a Redis Cluster (REDIS_CLUSTER=true) has database 0 alone (got ${JSON.stringify(url)})`);
+    }
+    expect(loadConfig({ REDIS_URL: 'redis://h1:6379/0,redis://h2:6379', REDIS_CLUSTER: 'true' }).redisCluster).toBe(true);
+  });
+
   it('refuses a duration that Node’s timers cannot hold (they would fire after 1 ms), naming the variable, the maximum and the value', () => {
     const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     for (const [name, max] of [['UPLOAD_IDLE_SECONDS', 2_147_483], ['WORKER_DRAIN_SECONDS', 2_147_483], ['JOB_LOCK_MS', 2 ** 31 - 1]] as const) {
