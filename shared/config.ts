@@ -73,7 +73,7 @@ const envSchema = z.object({
     .string()
     .regex(
       /^rediss?:\/\/[^,\s]+(,\s*rediss?:\/\/[^,\s]+)*$/,
-      'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs)',
+      'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs; a comma in a password is written %2C)',
     )
     // Only a value of the right form is read for its databases: one error per value.
     .pipe(
@@ -256,9 +256,14 @@ export class ConfigError extends Error {
 /** Variables whose values are secrets: an error names their shape, never their content. */
 const SECRET_VARIABLES = new Set(['KEYFLEET_MASTER_KEY', 'KEYFLEET_MASTER_KEY_PREVIOUS', 'KEYFLEET_TOKENS', 'WEBHOOK_SECRET']);
 
-/** A value as an error may show it: Redis URLs without user and password (up to each URL's last @). */
+/**
+ * A value as an error may show it: Redis URLs without user and password, up to each URL's last @
+ * (a password may hold raw @, commas and newlines). A URL begins only where a comma is followed
+ * by redis:// or rediss://, as in a cluster's seed list: split at every comma, a password with a
+ * raw comma showed its pieces. Nor need a URL have its //: `redis:/:password@host` hides it too.
+ */
 const shown = (name: string, value: string | undefined): string =>
-  JSON.stringify(name === 'REDIS_URL' && value ? value.split(',').map((url) => url.replace(/\/\/.*@/, '//…@')).join(',') : value);
+  JSON.stringify(name === 'REDIS_URL' && value ? value.split(/,(?=\s*rediss?:\/\/)/i).map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@')).join(',') : value);
 
 /**
  * Parses the environment once into a frozen config; fails naming each bad variable and what was

@@ -62,6 +62,29 @@ describe('configuration', () => {
     expect(loadConfig({ REDIS_URL: 'redis://h1:6379/0,redis://h2:6379', REDIS_CLUSTER: 'true' }).redisCluster).toBe(true);
   });
 
+  it('shows no piece of a REDIS_URL password in an error, even one with raw commas, and still the hosts', () => {
+    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
+    const pieces = Array.from({ length: 4 }, () => randomBytes(5).toString('hex'));
+    const passwords = [pieces.join(','), `${pieces[0]}, ${pieces[1]}@${pieces[2]},${pieces[3]}`, `${pieces[0]},\n${pieces[1]},redis.internal:6379`];
+    for (const password of passwords) {
+      for (const [url, hosts] of [
+        [`redis://:${password}@redis.internal:6379`, ['redis.internal:6379']],
+        [`rediss://app:${password}@redis.internal:6380/abc`, ['redis.internal:6380/abc']],
+        [`redis://:${password}@h1:6379,redis://:${password}@h2:6379`, ['h1:6379', 'h2:6379']],
+        // Mistyped without its //, or without the scheme.
+        [`redis:/:${password}@redis.internal:6379`, ['redis.internal:6379']],
+        [`app:${password}@redis.internal:6379`, ['redis.internal:6379']],
+      ] as const) {
+        const error = errorOf({ REDIS_URL: url });
+        expect(error).toMatch(/^invalid configuration:\n {2}REDIS_URL: /);
+        for (const piece of pieces) expect(error).not.toContain(piece);
+        for (const host of hosts) expect(error).toContain(host);
+      }
+    }
+    // Written as a URL has it, a comma is %2C, and the client decodes it.
+    expect(loadConfig({ REDIS_URL: `redis://:${pieces.join('%2C')}@redis.internal:6379` }).redisUrl).toContain('%2C');
+  });
+
   it('refuses a duration that Node’s timers cannot hold (they would fire after 1 ms), naming the variable, the maximum and the value', () => {
     const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     for (const [name, max] of [['UPLOAD_IDLE_SECONDS', 2_147_483], ['WORKER_DRAIN_SECONDS', 2_147_483], ['JOB_LOCK_MS', 2 ** 31 - 1]] as const) {
