@@ -13,10 +13,10 @@ const HELD = Symbol('keyfleet.bodyBytesHeld');
  * answered 503.
  *
  * The body watch (body-timeout.ts) reserves a request's Content-Length before the body is read,
- * and counts a chunked body piece by piece as it arrives; what a response reserved is given back
- * when it closes. A body that would take the bodies held past `limit` (MAX_BODY_BYTES_IN_FLIGHT)
- * is refused, unless it is the only one held: a limit below MAX_BODY_BYTES slows the API down
- * rather than shutting large bodies out.
+ * and counts a chunked body piece by piece as it arrives (or whole, when it came with the
+ * headers); what a response reserved is given back when it closes. A body that would take the
+ * bodies held past `limit` (MAX_BODY_BYTES_IN_FLIGHT) is refused, unless it is the only one held:
+ * a limit below MAX_BODY_BYTES slows the API down rather than shutting large bodies out.
  */
 export class BodyBudget {
   #held = 0;

@@ -18,7 +18,8 @@ const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retr
  * body as well), before the body is read and after authentication and the rate limit:
  * - the body is counted against the bodies held at once (`budget`, MAX_BODY_BYTES_IN_FLIGHT): by
  *   its Content-Length now, refused 503 KF_BUSY with Retry-After when it would pass the bound; a
- *   chunked one piece by piece as it arrives, failing KF_BUSY at the piece that passes it;
+ *   chunked one piece by piece as it arrives, failing KF_BUSY at the piece that passes it (one
+ *   already whole, by its bytes now);
  * - a body that sends nothing for `seconds` (UPLOAD_IDLE_SECONDS, as for an upload) is answered
  *   408 KF_REQUEST_TIMEOUT, and the error handler closes the connection. Without it a client
  *   that stopped half-way through a body held its connection and the part it sent for as long as
@@ -36,9 +37,11 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
     const declared = headers['content-length'];
     if ((!chunked && (declared === undefined || declared === '0')) || request.routeOptions.config?.readsOwnBody) return done(null, payload);
     const res = reply.raw;
-    if (!budget.reserve(res, chunked ? 0 : Number(declared) || 0)) return done(busy());
-    // preParsing runs as the headers arrive, mostly before the body has: `complete` is rarely true
-    // (a chunked body that is, came in the headers' read: small, and not counted).
+    // preParsing runs as the headers arrive, mostly before the body has. The pieces of a chunked
+    // body already in still flow to the watch's 'data' listener, so it counts them with the rest;
+    // but one that came whole with its headers (in their socket read, up to 64 KB) gets no watch:
+    // its bytes are all buffered, and counted now.
+    if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0)) return done(busy());
     if (!raw.complete) watchPauses(payload, raw, seconds, chunked ? (bytes) => budget.grow(res, bytes) : undefined);
     done(null, payload);
   };

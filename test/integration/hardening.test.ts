@@ -265,8 +265,8 @@ describe('request bodies held at once', () => {
     expect(statusOf(await slowRequest(600_000, 600_000).answer)).toBe(200);
   });
 
-  /** A sync encrypt with a chunked body of `bytes`, sent in pieces of 64 KB. */
-  function chunkedRequest(bytes: number): Promise<string> {
+  /** A sync encrypt with a chunked body of `bytes`, sent in pieces of 64 KB; with `endLater`, its last chunk (empty) 300 ms after. */
+  function chunkedRequest(bytes: number, endLater = false): Promise<string> {
     const items = JSON.stringify({ items: ['x'.repeat(bytes - 14)] });
     const head = `POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n`;
     let body = '';
@@ -276,7 +276,9 @@ describe('request bodies held at once', () => {
     }
     return new Promise<string>((resolve) => {
       let text = '';
-      const socket = connect(port, '127.0.0.1', () => socket.write(head + body + '0\r\n\r\n'));
+      const end = '0\r\n\r\n';
+      const socket = connect(port, '127.0.0.1', () => socket.write(endLater ? head + body : head + body + end));
+      if (endLater) setTimeout(() => socket.write(end), 300).unref();
       socket.setEncoding('latin1').on('data', (d) => (text += d));
       socket.on('error', () => {}).on('close', () => resolve(text));
       setTimeout(() => socket.destroy(), 20_000).unref();
@@ -295,6 +297,42 @@ describe('request bodies held at once', () => {
     large.finish();
     expect(statusOf(await large.answer)).toBe(200);
     expect(statusOf(await chunkedRequest(700_000))).toBe(200);
+  });
+
+  it('counts a chunked body that came in with its headers, in one read, from its first byte: past the bound it is refused, and its room comes back', async () => {
+    // 1,000,000 and 560,000 bytes held leave 12,864 of the 1.5 MiB.
+    const large = slowRequest(1_000_000, 1_000);
+    const second = slowRequest(560_000, 1_000);
+    const again = { drop: () => {} };
+    try {
+      await sleep(200);
+      // Each is written at once with its headers, so the whole body is in before the body watch runs.
+      expect(statusOf(await chunkedRequest(2_000))).toBe(200);
+      const over = await chunkedRequest(30_000);
+      expect(statusOf(over)).toBe(503);
+      expect(over).toContain('"code":"KF_BUSY"');
+      // Its bytes in, its end not yet: counted as well.
+      const unended = await chunkedRequest(30_000, true);
+      expect(statusOf(unended)).toBe(503);
+      expect(unended).toContain('"code":"KF_BUSY"');
+      second.finish();
+      expect(statusOf(await second.answer)).toBe(200);
+      expect(statusOf(await chunkedRequest(30_000))).toBe(200);
+      large.finish();
+      expect(statusOf(await large.answer)).toBe(200);
+      await sleep(200);
+      // Nothing stayed counted: 1,000,000 and 560,000 fit again.
+      const held = slowRequest(1_000_000, 1_000);
+      again.drop = held.drop;
+      await sleep(200);
+      expect(statusOf(await slowRequest(560_000, 560_000).answer)).toBe(200);
+      held.finish();
+      expect(statusOf(await held.answer)).toBe(200);
+    } finally {
+      // A failure above leaves no body held for the next test.
+      for (const request of [large, second, again]) request.drop();
+      await sleep(200);
+    }
   });
 
   it('gives the room back when a client goes away before its body is in', async () => {
