@@ -69,8 +69,13 @@ const isDatabase = (db: string): boolean => /^\d{1,10}$/.test(db) && Number(db) 
 const redisUrls = (value: string): string[] => value.split(',').map((url) => url.trim());
 
 const envSchema = z.object({
+  /** The Redis (for a cluster, its seed nodes, comma-separated). Refused when empty: REFUSED_EMPTY. */
   REDIS_URL: z
     .string()
+    .refine((value) => value.trim() !== '', {
+      message: 'set but empty: expected a redis:// or rediss:// URL, or no REDIS_URL at all for the default redis://127.0.0.1:6379',
+      abort: true,
+    })
     .regex(
       /^rediss?:\/\/[^,\s]+(,\s*rediss?:\/\/[^,\s]+)*$/,
       'expected a redis:// or rediss:// URL (for a cluster: a comma-separated list of node URLs; a comma in a password is written %2C)',
@@ -266,12 +271,20 @@ const shown = (name: string, value: string | undefined): string =>
   JSON.stringify(name === 'REDIS_URL' && value ? value.split(/,(?=\s*rediss?:\/\/)/i).map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@')).join(',') : value);
 
 /**
+ * Variables refused when empty rather than read as unset. An empty REDIS_URL is most likely one
+ * meant and lost (a Kubernetes Secret's key, set from an unset shell variable, takes precedence
+ * over the ConfigMap's URL even when empty): its default, a Redis on the process's own loopback,
+ * would be another Redis or none, found out only when the pod never gets ready.
+ */
+const REFUSED_EMPTY = new Set(['REDIS_URL']);
+
+/**
  * Parses the environment once into a frozen config; fails naming each bad variable and what was
  * expected. An empty variable counts as unset (`VAR=` in an env file, compose's `${VAR:-}`): its
- * default applies, rather than an empty string read as 0.
+ * default applies, rather than an empty string read as 0. Except REDIS_URL: refused when empty.
  */
 export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
-  const env = Object.fromEntries(Object.entries(given).filter(([, value]) => value !== undefined && value.trim() !== ''));
+  const env = Object.fromEntries(Object.entries(given).filter(([name, value]) => value !== undefined && (value.trim() !== '' || REFUSED_EMPTY.has(name))));
   const parsed = envSchema.safeParse(env);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((issue) => {

@@ -127,6 +127,14 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     }
   });
 
+  it('an empty REDIS_URL stops the API and the worker at start, naming it, rather than connecting to 127.0.0.1', async () => {
+    for (const entry of ['producer/main.js', 'worker/main.js'] as const) {
+      const { fatal } = await failedStart(entry, { ...env, REDIS_URL: '' });
+      expect(fatal.err.type).toBe('ConfigError');
+      expect(fatal.err.message).toMatch(/^invalid configuration:\n {2}REDIS_URL: set but empty: .*\(got ""\)$/);
+    }
+  });
+
   it('an API without a token list or a master key exits 1 at once, naming what is missing', async () => {
     const port = String(await freePort());
     const { KEYFLEET_TOKENS: _tokens, ...noTokens } = env;

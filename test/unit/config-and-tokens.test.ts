@@ -110,6 +110,15 @@ describe('configuration', () => {
     expect(loadConfig({ PORT: '', SYNC_RATE_LIMIT: ' ', CHUNK_ITEMS: '' })).toMatchObject({ port: 8080, syncRateLimit: 5_000, chunkItems: 10_000 });
     expect(loadConfig({ SYNC_RATE_LIMIT: '0' }).syncRateLimit).toBe(0);
   });
+
+  it('refuses an empty REDIS_URL instead of reading it as unset: the default would be a Redis on 127.0.0.1 where another was meant', () => {
+    for (const empty of ['', ' ', '\n']) {
+      expect(() => loadConfig({ REDIS_URL: empty }), JSON.stringify(empty)).toThrow(
+        `invalid configuration:\n  REDIS_URL: set but empty: expected a redis:// or rediss:// URL, or no REDIS_URL at all for the default redis://127.0.0.1:6379 (got ${JSON.stringify(empty)})`,
+      );
+    }
+    expect(loadConfig({}).redisUrl).toBe('redis://127.0.0.1:6379');
+  });
 });
 
 describe('tokens', () => {

@@ -341,6 +341,21 @@ describe('deploy/k8s', () => {
     }
   });
 
+  it('stops both Deployments at start, naming REDIS_URL, when the Secret keyfleet has the key empty, rather than reaching for 127.0.0.1', () => {
+    // The `env` entry takes precedence over the ConfigMap's value even when empty (as from
+    // --from-literal=REDIS_URL="$UNSET" or an empty value in a secret manager); read as unset, it
+    // was the default, a Redis on the pod's own loopback.
+    for (const deployment of [api, worker]) {
+      const c = container(deployment);
+      const name = deployment['metadata']?.name as string;
+      for (const empty of ['', ' ', '\n']) {
+        const env = podEnv(c, { ...requiredSecrets, REDIS_URL: empty });
+        expect(env['REDIS_URL'], name).toBe(empty);
+        expect(() => loadConfig(env), name).toThrow(/^invalid configuration:\n {2}REDIS_URL: set but empty/);
+      }
+    }
+  });
+
   it('gives the API and the workers the same WEBHOOK_SECRET from the Secret keyfleet where it has one, and starts both without it', () => {
     const webhookSecret = randomBytes(24).toString('hex');
     // The allow-list is not a secret: the ConfigMap holds it, empty (any host at a public address) until set.
