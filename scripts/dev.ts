@@ -9,7 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { freePort, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
+import { freePort, portIsFree, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const devDir = join(root, '.keyfleet-dev');
@@ -74,6 +74,14 @@ function giveUp(err: Error): Promise<never> {
   return stop(1);
 }
 
+const host = process.env['HOST'] ?? '127.0.0.1';
+const port = process.env['PORT'] ?? '8080';
+// Another process on the port (another checkout's `npm start`) would answer the readiness check
+// meant for this API, which fails to listen: the banner would show the other service. (A PORT
+// that is not a port number is the API's to refuse, naming it.)
+if (/^[1-9]\d*$/.test(port) && !(await portIsFree(Number(port)))) {
+  await giveUp(new Error(`port ${port} is taken (another keyfleet running?); set PORT to a free one`));
+}
 const secrets = devSecrets();
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 if (!(await redisAnswers(redisUrl))) {
@@ -84,8 +92,6 @@ if (!(await redisAnswers(redisUrl))) {
 // Redis that also holds other data) never meet each other's keys.
 const masterKey = process.env['KEYFLEET_MASTER_KEY'] ?? secrets.masterKey;
 const prefix = process.env['KEYFLEET_PREFIX'] ?? `{keyfleet-dev-${createHash('sha256').update(masterKey).digest('hex').slice(0, 8)}}`;
-const host = process.env['HOST'] ?? '127.0.0.1';
-const port = process.env['PORT'] ?? '8080';
 const env: NodeJS.ProcessEnv = {
   ...process.env,
   REDIS_URL: redisUrl,

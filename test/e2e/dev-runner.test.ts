@@ -1,0 +1,46 @@
+import { spawn } from 'node:child_process';
+import { createServer, type Server } from 'node:http';
+import { resolve } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { testEnv } from '../helpers/env.js';
+
+const script = resolve(import.meta.dirname, '..', '..', 'dist', 'scripts', 'dev.js');
+const { env } = testEnv();
+const servers: Server[] = [];
+
+afterAll(async () => {
+  await Promise.all(servers.map((s) => new Promise((done) => s.close(done))));
+});
+
+/** Runs `npm start`'s script until it exits (killed after `withinMs`): its exit code and output. */
+function runDev(given: Record<string, string>, withinMs = 20_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [script], { env: { PATH: process.env['PATH'] ?? '', ...given }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (piece: Buffer) => (stdout += piece.toString()));
+  child.stderr.on('data', (piece: Buffer) => (stderr += piece.toString()));
+  const killer = setTimeout(() => child.kill('SIGKILL'), withinMs);
+  return new Promise((done) =>
+    child.once('close', (code) => {
+      clearTimeout(killer);
+      done({ code, stdout, stderr });
+    }),
+  );
+}
+
+describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
+  it('refuses a PORT another service answers on, before starting anything, and prints no banner', async () => {
+    // Another checkout’s `npm start`, say: it answers /readyz, so a runner that only waits for
+    // readiness would print its banner while its own API failed to listen.
+    const other = createServer((_req, res) => res.end('{"status":"ok"}'));
+    servers.push(other);
+    await new Promise<void>((ok) => other.listen(0, '127.0.0.1', ok));
+    const port = String((other.address() as { port: number }).port);
+
+    const run = await runDev({ REDIS_URL: env['REDIS_URL']!, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: port, WORKER_METRICS_PORT: '0' });
+
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stdout).not.toContain('keyfleet is running');
+    expect(run.stderr).toBe(`keyfleet: port ${port} is taken (another keyfleet running?); set PORT to a free one; stopping\n`);
+  });
+});
