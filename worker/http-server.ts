@@ -1,6 +1,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
+import { CATALOGUE } from '../shared/errors.js';
 
 export interface WorkerHttpOptions {
   readonly host: string;
@@ -10,6 +11,9 @@ export interface WorkerHttpOptions {
   readonly ready: () => Promise<boolean>;
 }
 
+/** The worker's 503 from /readyz: the API's for the same cause (code, message, Retry-After). */
+const NOT_READY = JSON.stringify({ error: { code: 'KF_REDIS_UNAVAILABLE', message: CATALOGUE.KF_REDIS_UNAVAILABLE.message } });
+
 /** A readiness check that has not answered by then is a 503, not a probe left hanging. */
 const READY_TIMEOUT_MS = 1_000;
 
@@ -17,8 +21,8 @@ const READY_TIMEOUT_MS = 1_000;
 export async function startWorkerHttp({ host, port, registry, ready }: WorkerHttpOptions): Promise<{ server: Server; port: number }> {
   const server = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
-    const reply = (status: number, type: string, body: string): void => {
-      res.writeHead(status, { 'content-type': type }).end(body);
+    const reply = (status: number, type: string, body: string, headers: Record<string, string> = {}): void => {
+      res.writeHead(status, { 'content-type': type, ...headers }).end(body);
     };
     if (req.method !== 'GET') return reply(405, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
     if (path === '/metrics') {
@@ -34,7 +38,7 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
         clearTimeout(timer);
         if (res.headersSent) return;
         if (ok) reply(200, 'application/json', '{"status":"ready"}');
-        else reply(503, 'application/json', '{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"not ready"}}');
+        else reply(503, 'application/json', NOT_READY, { 'retry-after': '5' });
       };
       const timer = setTimeout(() => answer(false), READY_TIMEOUT_MS);
       ready().then(answer, () => answer(false));

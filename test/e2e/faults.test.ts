@@ -158,9 +158,13 @@ describe('faults', { timeout: 300_000 }, () => {
     expect(down.status).toBe(503);
     expect(((await down.json()) as any).error.code).toBe('KF_REDIS_UNAVAILABLE');
     expect(Number(down.headers.get('retry-after'))).toBeGreaterThan(0);
-    expect((await fetch(`${client.base}/readyz`)).status).toBe(503);
-    // The worker's probe answers too, rather than hanging until Redis is back.
-    expect((await fetch(workerReady, { signal: AbortSignal.timeout(5_000) })).status).toBe(503);
+    const apiNotReady = await fetch(`${client.base}/readyz`);
+    expect(apiNotReady.status).toBe(503);
+    // The worker's probe answers too, rather than hanging until Redis is back, and as the API does.
+    const workerNotReady = await fetch(workerReady, { signal: AbortSignal.timeout(5_000) });
+    expect(workerNotReady.status).toBe(503);
+    expect(await workerNotReady.json()).toEqual(await apiNotReady.json());
+    expect(workerNotReady.headers.get('retry-after')).toBe(apiNotReady.headers.get('retry-after'));
     await sleep(2_000);
     await ownRedis.start();
 
