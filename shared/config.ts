@@ -286,25 +286,28 @@ const REFUSED_EMPTY = new Set(['REDIS_URL']);
 export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
   const env = Object.fromEntries(Object.entries(given).filter(([name, value]) => value !== undefined && (value.trim() !== '' || REFUSED_EMPTY.has(name))));
   const parsed = envSchema.safeParse(env);
-  if (!parsed.success) {
-    const lines = parsed.error.issues.map((issue) => {
-      const name = issue.path.join('.');
-      return `${name}: ${issue.message}${SECRET_VARIABLES.has(name) ? '' : ` (got ${shown(name, env[name])})`}`;
-    });
-    throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`);
-  }
-  const e = parsed.data;
-  const redisCluster = e.REDIS_CLUSTER === 'true' || e.REDIS_CLUSTER === '1';
+  const problems = parsed.success
+    ? []
+    : parsed.error.issues.map((issue) => {
+        const name = issue.path.join('.');
+        return `${name}: ${issue.message}${SECRET_VARIABLES.has(name) ? '' : ` (got ${shown(name, env[name])})`}`;
+      });
+  // The checks beyond the schema run whatever else failed: one start names every bad variable.
+  const valid = (name: string): boolean => parsed.success || !parsed.error.issues.some((issue) => issue.path[0] === name);
+  const redisCluster = env['REDIS_CLUSTER'] === 'true' || env['REDIS_CLUSTER'] === '1';
+  const redisUrl = env['REDIS_URL'];
   // The cluster client takes hosts and ports from the URLs, and would quietly use database 0.
-  if (redisCluster && redisUrls(e.REDIS_URL).some((url) => namedDatabases(url).some((db) => Number(db) !== 0))) {
-    throw new ConfigError(`invalid configuration:\n  REDIS_URL: a Redis Cluster (REDIS_CLUSTER=true) has database 0 alone (got ${shown('REDIS_URL', e.REDIS_URL)})`);
+  if (redisCluster && redisUrl !== undefined && valid('REDIS_URL') && redisUrls(redisUrl).some((url) => namedDatabases(url).some((db) => Number(db) !== 0))) {
+    problems.push(`REDIS_URL: a Redis Cluster (REDIS_CLUSTER=true) has database 0 alone (got ${shown('REDIS_URL', redisUrl)})`);
   }
-  let tokens: TokenEntry[];
+  let tokens: TokenEntry[] = [];
   try {
-    tokens = e.KEYFLEET_TOKENS ? parseTokens(e.KEYFLEET_TOKENS) : [];
+    if (env['KEYFLEET_TOKENS'] !== undefined) tokens = parseTokens(env['KEYFLEET_TOKENS']);
   } catch (err) {
-    throw new ConfigError(`invalid configuration:\n  KEYFLEET_TOKENS: ${(err as Error).message}`);
+    problems.push(`KEYFLEET_TOKENS: ${(err as Error).message}`);
   }
+  if (!parsed.success || problems.length) throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
+  const e = parsed.data;
   return Object.freeze({
     redisUrl: e.REDIS_URL,
     redisCluster,

@@ -111,6 +111,15 @@ describe('configuration', () => {
     expect(loadConfig({ SYNC_RATE_LIMIT: '0' }).syncRateLimit).toBe(0);
   });
 
+  it('names every bad variable in one start: a bad token list or a cluster’s database alongside the others, not only once the rest is right', () => {
+    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
+    const shortToken = randomBytes(4).toString('hex');
+    const error = errorOf({ KEYFLEET_TOKENS: `t1:${shortToken}`, SYNC_MAX_ITEMS: '-1', LOG_LEVEL: 'loud', REDIS_URL: 'redis://h:6379/3', REDIS_CLUSTER: 'true' });
+    expect(error.split('\n').map((line) => line.trim().split(':')[0])).toEqual(['invalid configuration', 'SYNC_MAX_ITEMS', 'LOG_LEVEL', 'REDIS_URL', 'KEYFLEET_TOKENS']);
+    expect(error).toContain('KEYFLEET_TOKENS: entry 1: expected a token of at least 16 characters');
+    expect(error).not.toContain(shortToken);
+  });
+
   it('refuses an empty REDIS_URL instead of reading it as unset: the default would be a Redis on 127.0.0.1 where another was meant', () => {
     for (const empty of ['', ' ', '\n']) {
       expect(() => loadConfig({ REDIS_URL: empty }), JSON.stringify(empty)).toThrow(
