@@ -121,7 +121,7 @@ export class KeyPolicy {
     this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
     this.#metrics.nonceBudgetUsed.set(this.#maxUsed);
     if (this.#policy.rotateShare > 0 && total >= this.#policy.rotateShare * this.#policy.limit) {
-      await this.#rotate(tenant, ring.name, version, 'nonce_budget').catch((err: Error) => this.#logger.warn({ err: { message: err.message } }, 'automatic rotation failed'));
+      await this.#rotate(tenant, ring.name, version, 'nonce_budget').catch((err: Error) => this.#logger.warn({ tenant, key: ring.name, err: { message: err.message } }, 'automatic rotation failed'));
     }
   }
 
@@ -144,7 +144,7 @@ export class KeyPolicy {
     this.#cache.forget(tenant, name);
     if (info.latestVersion === fromVersion + 1) {
       this.#metrics.autoRotations.inc({ reason });
-      this.#logger.info({ reason, version: info.latestVersion }, 'key rotated automatically');
+      this.#logger.info({ tenant, key: name, reason, version: info.latestVersion }, 'key rotated automatically');
     }
   }
 

@@ -1,13 +1,15 @@
 import type { FastifyInstance, InjectOptions } from 'fastify';
 import { buildApp } from '../../producer/app.js';
+import type { Logger } from '../../shared/logger.js';
 import { bearer, configFrom, type TestTenant } from './env.js';
 
 /** In-process APIs for a test file, each on its own environment; `close()` closes them all. */
 export class TestApis {
   readonly #apps: FastifyInstance[] = [];
 
-  async start(env: Record<string, string>): Promise<FastifyInstance> {
-    const app = await buildApp({ config: configFrom(env) });
+  /** With `logger`, the app logs there (a test reading its lines) rather than to stdout. */
+  async start(env: Record<string, string>, logger?: Logger): Promise<FastifyInstance> {
+    const app = await buildApp({ config: configFrom(env), ...(logger ? { logger } : {}) });
     await app.ready();
     this.#apps.push(app);
     return app;

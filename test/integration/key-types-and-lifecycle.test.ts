@@ -3,9 +3,11 @@ import { Redis } from 'ioredis';
 import { execFileSync } from 'node:child_process';
 import { createCipheriv, randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
+import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyStore } from '../../shared/key-store.js';
+import { createLogger } from '../../shared/logger.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { bearer, testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -136,7 +138,9 @@ describe('legacy CBC keys and the rewrap scope', () => {
 describe('nonce budget and automatic rotation', () => {
   it('counts encryptions per version in Redis and rotates by itself at NONCE_ROTATE_SHARE of NONCE_LIMIT', async () => {
     const { env, admin } = testEnv({ NONCE_LIMIT: '20', NONCE_ROTATE_SHARE: '0.5' });
-    const app = await api(env);
+    const lines: string[] = [];
+    const sink = new Writable({ write: (chunk, _enc, done) => (lines.push(String(chunk)), done()) });
+    const app = await apis.start(env, createLogger({ level: 'info', name: 'keyfleet-api', destination: sink }));
     await call(app, admin, 'POST', '/v1/keys/budget');
     await results(app, admin, 'encrypt', 'budget', { items: Array(10).fill('x') });
     const hash = `${env['KEYFLEET_PREFIX']}:key:acme:budget`;
@@ -148,6 +152,9 @@ describe('nonce budget and automatic rotation', () => {
     const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
     expect(metrics).toMatch(/keyfleet_key_auto_rotations_total\{reason="nonce_budget",component="api"\} 1/);
     expect(metrics).toMatch(/keyfleet_nonce_budget_max_used_ratio\{component="api"\} 0\.5/);
+    // Which key: with several rotating, a version number alone tells them apart from nothing.
+    const rotated = lines.map((line) => JSON.parse(line) as Record<string, unknown>).filter((line) => line['msg'] === 'key rotated automatically');
+    expect(rotated).toEqual([expect.objectContaining({ tenant: 'acme', key: 'budget', reason: 'nonce_budget', version: 2 })]);
   });
 
   it('writes every count the sync path gathered, at the latest when the API closes', async () => {
