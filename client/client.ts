@@ -58,15 +58,26 @@ export class KeyfleetConnectionError extends Error {
 }
 
 export interface CryptoOptions {
+  /** How plaintexts are written: utf8 text (default) or base64 bytes. */
   readonly encoding?: 'utf8' | 'base64';
+  /** `auto` (default) answers up to SYNC_MAX_ITEMS items in the response and makes a batch of more; `sync` refuses more; `async` always makes a batch. */
   readonly mode?: 'auto' | 'sync' | 'async';
-  /** Bound into the associated data; decrypt and rewrap need the same one. */
+  /** Bound into the associated data of every item that gives none of its own; decrypt and rewrap need the same one. */
   readonly context?: string;
   /** Rewrap only: re-encrypt into this key. */
   readonly targetKey?: string;
+  /** Encrypt only, answered in the response only: seal under this version (minEncryptionVersion to latest) instead of the latest. */
+  readonly keyVersion?: number;
+  /** When the call becomes a batch: where the API POSTs its final status, signed (see verifyWebhookSignature). */
+  readonly callbackUrl?: string;
   /** Makes a retry of this call safe: the same key and request give the first answer again. */
   readonly idempotencyKey?: string;
 }
+
+/** A plaintext to encrypt: the text, or the text with a context of its own (answered in the response only; a batch takes one context for all). */
+export type PlaintextItem = string | { readonly plaintext: string; readonly context?: string };
+/** A ciphertext to decrypt or rewrap: as encrypt gave it, or with the context it was sealed under. */
+export type CiphertextItem = string | { readonly ciphertext: string; readonly context?: string };
 
 export interface BatchRequest {
   readonly op: BatchOp;
@@ -163,15 +174,15 @@ export class KeyfleetClient {
 
 
   // ---- sync crypto ----------------------------------------------------------------------
-  encrypt(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+  encrypt(key: string, items: readonly PlaintextItem[], options?: CryptoOptions): Promise<CryptoAnswer> {
     return this.#crypto('encrypt', key, items, options);
   }
 
-  decrypt(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+  decrypt(key: string, items: readonly CiphertextItem[], options?: CryptoOptions): Promise<CryptoAnswer> {
     return this.#crypto('decrypt', key, items, options);
   }
 
-  rewrap(key: string, items: readonly string[], options?: CryptoOptions): Promise<CryptoAnswer> {
+  rewrap(key: string, items: readonly CiphertextItem[], options?: CryptoOptions): Promise<CryptoAnswer> {
     return this.#crypto('rewrap', key, items, options);
   }
 
@@ -297,7 +308,7 @@ export class KeyfleetClient {
   }
 
   // ---- plumbing -------------------------------------------------------------------------
-  async #crypto(op: BatchOp, key: string, items: readonly string[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
+  async #crypto(op: BatchOp, key: string, items: readonly (PlaintextItem | CiphertextItem)[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
     const { idempotencyKey, ...rest } = options;
     // A call that becomes a batch (mode async) gets a key of its own, so that a retry cannot make
     // a second batch. A sync call changes nothing and is sent again as it is. A call in mode auto

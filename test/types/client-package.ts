@@ -1,0 +1,37 @@
+// A user's code against the built package, as `import … from 'keyfleet/client'` resolves it
+// (package.json exports and the declarations it names). test/e2e/client-types.test.ts compiles
+// it with tsc: every line must type-check, and every @ts-expect-error must be an error (an
+// `any` where a type should be would leave it unused, and fail too).
+import { KeyfleetApiError, KeyfleetClient, type ClientOptions, type CryptoAnswer, type CryptoOptions } from 'keyfleet/client';
+
+const options: ClientOptions = { url: 'http://127.0.0.1:8080', token: 'tok', retry: { attempts: 3 } };
+const client = new KeyfleetClient(options);
+
+export async function everyOption(): Promise<void> {
+  // Item objects with a context of their own; a pinned key version; a webhook for a call that becomes a batch.
+  const sealed: CryptoAnswer = await client.encrypt('pii', ['a', { plaintext: 'b', context: 'row-2' }], { keyVersion: 2, context: 'table-x' });
+  if (sealed.kind === 'results') for (const r of sealed.results) if ('ciphertext' in r) r.ciphertext.toUpperCase();
+  await client.decrypt('pii', ['kf:v1:AAAA', { ciphertext: 'kf:v1:AAAA', context: 'row-2' }]);
+  await client.rewrap('legacy', [{ ciphertext: 'kf:v1:AAAA' }], { targetKey: 'pii' });
+  const later: CryptoAnswer = await client.encrypt('pii', ['x'], { mode: 'async', callbackUrl: 'https://hooks.example/keyfleet' });
+  if (later.kind === 'batch') later.batchId.toUpperCase();
+  const crypto: CryptoOptions = { encoding: 'base64', keyVersion: 1, callbackUrl: 'https://hooks.example/keyfleet', idempotencyKey: 'order-1' };
+  await client.encrypt('pii', ['eA=='], crypto);
+
+  // @ts-expect-error a key version is a number
+  await client.encrypt('pii', ['a'], { keyVersion: '2' });
+  // @ts-expect-error decrypt takes ciphertexts, not plaintext items
+  await client.decrypt('pii', [{ plaintext: 'b' }]);
+  // @ts-expect-error an item object holds its text and a context, nothing else
+  await client.encrypt('pii', [{ plaintext: 'b', note: 'x' }]);
+  // @ts-expect-error no such option (the API would refuse it)
+  await client.encrypt('pii', ['a'], { keyversion: 2 });
+
+  const key = await client.createKey('pii');
+  key.created satisfies boolean;
+  key.latestVersion satisfies number;
+  // @ts-expect-error a version is a number
+  key.latestVersion satisfies string;
+  const error = await client.getKey('missing').catch((e: unknown) => e);
+  if (error instanceof KeyfleetApiError) error.code satisfies string;
+}
