@@ -9,7 +9,9 @@ import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js'
 import type { BatchOp } from '../shared/schemas.js';
 import { runBulk } from './bulk.js';
 import { Progress } from './progress.js';
-import { KeyfleetApiError, KeyfleetClient } from './client.js';
+import { MAX_LIMIT_MS } from './time-limits.js';
+import { KeyfleetClient } from './client.js';
+import { KeyfleetApiError } from './errors.js';
 
 /** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
 const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
@@ -19,10 +21,10 @@ const log = (line: string): void => void process.stderr.write(line + '\n');
 const print = (value: unknown): void => void process.stdout.write(JSON.stringify(value, null, 2) + '\n');
 
 function clientOf(command: Command): KeyfleetClient {
-  const { url, token } = command.optsWithGlobals<{ url?: string; token?: string }>();
+  const { url, token, timeout } = command.optsWithGlobals<{ url?: string; token?: string; timeout?: number }>();
   if (!url) throw new InvalidArgumentError('the API URL is missing: set KEYFLEET_URL or pass --url');
   if (!token) throw new InvalidArgumentError('the token is missing: set KEYFLEET_TOKEN or pass --token');
-  return new KeyfleetClient({ url, token });
+  return new KeyfleetClient({ url, token, ...(timeout ? { timeoutMs: timeout * 1000 } : {}) });
 }
 
 const positiveInt = (value: string): number => {
@@ -31,11 +33,19 @@ const positiveInt = (value: string): number => {
   return n;
 };
 
+/** Seconds as the client's time limits take them: more than 0, at most Node's longest timer (about 24.8 days). */
+const seconds = (value: string): number => {
+  const n = Number(value);
+  if (!(n > 0 && n <= MAX_LIMIT_MS / 1000)) throw new InvalidArgumentError(`expected a number of seconds > 0 (at most ${Math.floor(MAX_LIMIT_MS / 1000)}), got ${JSON.stringify(value)}`);
+  return n;
+};
+
 const program = new Command('keyfleet')
   .description('Encrypt, decrypt and re-key files of secrets through a keyfleet service.')
   .version(projectVersion())
   .addOption(new Option('--url <url>', 'the API, e.g. http://127.0.0.1:8080').env('KEYFLEET_URL'))
   .addOption(new Option('--token <token>', 'a bearer token').env('KEYFLEET_TOKEN'))
+  .addOption(new Option('--timeout <seconds>', 'seconds to wait for the service to begin an answer (default 30); a long download or wait ends only after 60 s of silence').env('KEYFLEET_TIMEOUT').argParser(seconds))
   .showHelpAfterError('(run with --help for usage)');
 
 for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {

@@ -17,8 +17,10 @@ import {
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
 import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
+import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError } from './errors.js';
 import { GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
+import { AttemptLimits, limitedBody, MAX_LIMIT_MS, type Limits } from './time-limits.js';
 
 export interface ClientOptions {
   /** The API's base URL, e.g. `http://127.0.0.1:8080`. */
@@ -27,34 +29,22 @@ export interface ClientOptions {
   readonly token: string;
   /** Retries of 429 and 503 answers (Retry-After honoured; a 503 of a call not safe to repeat only when the API says nothing was done). */
   readonly retry?: RetryOptions;
-}
-
-/** An error answer of the API: its HTTP status and its stable `KF_…` code. */
-export class KeyfleetApiError extends Error {
-  override name = 'KeyfleetApiError';
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-  ) {
-    super(`${code} (HTTP ${status}): ${message}`);
-  }
-}
-
-/**
- * The API could not be reached: nothing listening, a DNS failure, a connection cut before the
- * answer. The client does not retry it (only 429 and 503 answers). It has no `status`, unlike
- * KeyfleetApiError: the CLI's download retries exactly the errors without one.
- */
-export class KeyfleetConnectionError extends Error {
-  override name = 'KeyfleetConnectionError';
-  constructor(
-    /** The API's base URL: the request's own would show its query, which can carry a context. */
-    readonly url: string,
-    cause: Error,
-  ) {
-    super(`cannot reach ${url} (${failureReason(cause)})`, { cause });
-  }
+  /**
+   * How long a call waits for the API to begin its answer, in ms (default 30 s): from the
+   * request being sent (an upload: from its last piece) to the answer's status and headers. A
+   * call past it fails with a KeyfleetTimeoutError naming the call and the limit, and is not sent
+   * again: one that changes something (a rotation) may have been done, and its message says so.
+   */
+  readonly timeoutMs?: number;
+  /**
+   * How long a body may stand still because of the API, in ms (default 60 s): the next piece of
+   * an answer (a results download; an event stream, where the API sends a keep-alive every 15 s),
+   * or a piece of an upload that the API does not take. A download or a wait is never cut off
+   * for its length, only for such a silence (a KeyfleetTimeoutError; waitForBatch opens a silent
+   * event stream again, up to its `reconnects`). An overall limit is the caller's own signal,
+   * e.g. `AbortSignal.timeout(ms)`.
+   */
+  readonly idleTimeoutMs?: number;
 }
 
 export interface CryptoOptions {
@@ -72,6 +62,8 @@ export interface CryptoOptions {
   readonly callbackUrl?: string;
   /** Makes a retry of this call safe: the same key and request give the first answer again. */
   readonly idempotencyKey?: string;
+  /** Ends the call (its request, or the wait before a retry) when it aborts. */
+  readonly signal?: AbortSignal;
 }
 
 /** A plaintext to encrypt: the text, or the text with a context of its own (answered in the response only; a batch takes one context for all). */
@@ -89,6 +81,8 @@ export interface BatchRequest {
   readonly idempotencyKey?: string;
   /** Where the API POSTs the final status, signed (see verifyWebhookSignature). */
   readonly callbackUrl?: string;
+  /** Ends the upload (or the wait before a retry) when it aborts. */
+  readonly signal?: AbortSignal;
 }
 
 /** What a sync call answers: the results, or (above SYNC_MAX_ITEMS, or `mode: "async"`) a batch. */
@@ -104,16 +98,18 @@ const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]{1,${MAX_TOKEN_LENGTH}}$`);
 /**
  * A typed client of every keyfleet route, over fetch. Answers are checked against the same zod
  * schemas the API validates with; 429 and 503 are retried with backoff, honouring Retry-After,
- * but never so that the work is done twice (#send).
+ * but never so that the work is done twice (#send); an API that keeps a call waiting past the
+ * client's time limits ends it (#attempt).
  */
 export class KeyfleetClient {
   readonly url: string;
   readonly #token: string;
   readonly #retry: RetryOptions;
+  readonly #limits: Limits;
 
   // Neither message shows the secret it refuses: a token, or a password in the URL, would be
   // printed by the CLI and end up in logs.
-  constructor({ url, token, retry = {} }: ClientOptions) {
+  constructor({ url, token, retry = {}, timeoutMs = 30_000, idleTimeoutMs = 60_000 }: ClientOptions) {
     if (!/^https?:\/\//.test(url)) throw new Error(`keyfleet client: expected an http(s) URL, got ${JSON.stringify(withoutUserinfo(url))}`);
     let parsed: URL;
     try {
@@ -127,6 +123,7 @@ export class KeyfleetClient {
     this.url = url.replace(/\/+$/, '');
     this.#token = token;
     this.#retry = retry;
+    this.#limits = { timeoutMs: limitOption('timeoutMs', timeoutMs), idleTimeoutMs: limitOption('idleTimeoutMs', idleTimeoutMs) };
   }
 
   // ---- keys -----------------------------------------------------------------------------
@@ -212,7 +209,7 @@ export class KeyfleetClient {
     const { op, key, encoding, callbackUrl, context, targetKey } = request;
     const query = new URLSearchParams({ op, key, ...(encoding ? { encoding } : {}), ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) });
     const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', 'idempotency-key': request.idempotencyKey ?? randomUUID() };
-    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body, repeatable: true });
+    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body, repeatable: true, ...(request.signal ? { signal: request.signal } : {}) });
     return this.#json(res, batchAccepted, 202);
   }
 
@@ -236,22 +233,25 @@ export class KeyfleetClient {
   }
 
   /**
-   * Waits for the batch's final status (completed, failed or cancelled). A stream that breaks
-   * or ends early (an API restarting, a proxy's time limit) is opened again, after a backoff;
-   * `reconnects` streams in a row that neither brought progress nor lasted a minute end the
-   * wait. So does an answer of the API (a 404, a 401), and an API that cannot be reached before
-   * any stream opened, unless `apiReached` says it answered before (an upload just accepted):
-   * a wrong URL fails at once, not after the reconnections.
+   * Waits for the batch's final status (completed, failed or cancelled). A stream that breaks,
+   * goes silent for `idleTimeoutMs` or ends early (an API restarting, a proxy's time limit) is
+   * opened again, after a backoff; `reconnects` streams in a row that neither brought progress
+   * nor lasted a minute end the wait (a silent one never counts as lasting: an API that holds
+   * streams open and says nothing ends the wait after about (reconnects + 1) × idleTimeoutMs).
+   * So does an answer of the API (a 404, a 401), and an API that cannot be reached before any
+   * stream opened, unless `apiReached` says it answered before (an upload just accepted): a
+   * wrong URL fails at once, not after the reconnections. `signal` ends the wait at any point.
    */
-  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void, { reconnects = 8, apiReached = false }: { reconnects?: number; apiReached?: boolean } = {}): Promise<BatchStatusBody> {
+  async waitForBatch(id: string, onProgress?: (status: BatchStatusBody) => void, { reconnects = 8, apiReached = false, signal }: { reconnects?: number; apiReached?: boolean; signal?: AbortSignal } = {}): Promise<BatchStatusBody> {
     let processed = -1;
     let connected = apiReached;
     for (let failures = 0; ; ) {
       let reason: string;
       const opened = Date.now();
       let advanced = false;
+      let silent = false;
       try {
-        for await (const status of this.events(id)) {
+        for await (const status of this.events(id, signal)) {
           connected = true;
           if (status.processed > processed) advanced = true;
           processed = Math.max(processed, status.processed);
@@ -261,11 +261,12 @@ export class KeyfleetClient {
         reason = 'the event stream ended without a final status';
       } catch (err) {
         if (!isStreamBreak(err) || (err instanceof KeyfleetConnectionError && !connected)) throw err;
+        silent = err instanceof KeyfleetTimeoutError;
         reason = `the event stream broke (${err instanceof TypeError ? failureReason(err.cause as Error) : err.message})`;
       }
-      if (advanced || Date.now() - opened >= 60_000) failures = 0;
+      if (advanced || (!silent && Date.now() - opened >= 60_000)) failures = 0;
       if (++failures > reconnects) throw new Error(`batch ${id}: ${reason}, ${reconnects} reconnections in a row failed`);
-      await sleep(retryDelayMs(failures, null, { baseDelayMs: 500, maxDelayMs: 10_000, ...this.#retry }));
+      await sleep(retryDelayMs(failures, null, { baseDelayMs: 500, maxDelayMs: 10_000, ...this.#retry }), undefined, signal ? { signal } : {});
     }
   }
 
@@ -300,23 +301,19 @@ export class KeyfleetClient {
   }
 
   async ready(): Promise<boolean> {
-    try {
-      return (await fetch(`${this.url}/readyz`)).ok;
-    } catch (err) {
-      throw fetchError(err, this.url);
-    }
+    return (await this.#attempt('GET', '/readyz', { method: 'GET' }, false)).ok;
   }
 
   // ---- plumbing -------------------------------------------------------------------------
   async #crypto(op: BatchOp, key: string, items: readonly (PlaintextItem | CiphertextItem)[], options: CryptoOptions = {}): Promise<CryptoAnswer> {
-    const { idempotencyKey, ...rest } = options;
+    const { idempotencyKey, signal, ...rest } = options;
     // A call that becomes a batch (mode async) gets a key of its own, so that a retry cannot make
     // a second batch. A sync call changes nothing and is sent again as it is. A call in mode auto
     // may be either: a key on every one would have the API store every sync answer for
     // IDEMPOTENCY_TTL_SECONDS, so it is sent again only after the API's own "nothing done".
     const retryKey = idempotencyKey ?? (options.mode === 'async' ? randomUUID() : undefined);
     const repeatable = retryKey !== undefined || options.mode === 'sync';
-    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}) });
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}), ...(signal ? { signal } : {}) });
     if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
     return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
   }
@@ -328,30 +325,53 @@ export class KeyfleetClient {
    */
   #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean } = {}): Promise<Response> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
-    return withRetries(async () => {
-      const init: RequestInit & { duplex?: 'half' } = { method, headers, ...(extra.signal ? { signal: extra.signal } : {}) };
+    const repeatable = method === 'GET' || extra.repeatable === true;
+    const attempt = (): Promise<Response> => {
+      const init: RequestInit & { duplex?: 'half' } = { method, headers };
       if (json !== undefined) init.body = JSON.stringify(json);
-      let sourceError: unknown;
-      if (extra.stream) {
-        init.body = toStream(extra.stream(), (err) => (sourceError = err));
-        init.duplex = 'half'; // a streamed request body (undici)
-        // A request that may follow a redirect keeps a copy of its body to send again: undici
-        // tees the stream, and the unread branch held the whole upload in memory. The API
-        // never redirects.
-        init.redirect = 'error';
-      }
-      try {
-        return await fetch(this.url + path, init);
-      } catch (err) {
-        throw fetchError(err, this.url, sourceError);
-      }
-    }, this.#retry, { repeatable: method === 'GET' || extra.repeatable === true });
+      return this.#attempt(method, path, init, !repeatable, extra.stream, extra.signal);
+    };
+    return withRetries(attempt, this.#retry, { repeatable, ...(extra.signal ? { signal: extra.signal } : {}) });
+  }
+
+  /**
+   * One request under the client's time limits (AttemptLimits): the answer must begin within
+   * timeoutMs of the request (of an upload's last piece), an upload's pieces must be taken and
+   * the answer's come within idleTimeoutMs each. `maybeDone`: not safe to send twice.
+   */
+  async #attempt(method: string, path: string, init: RequestInit & { duplex?: 'half' }, maybeDone: boolean, stream?: BodySource, signal?: AbortSignal): Promise<Response> {
+    // The call as messages name it: without the query, which can carry a context.
+    const limits = new AttemptLimits(this.url, `${method} ${path.replace(/\?.*$/, '')}`, this.#limits, maybeDone, signal);
+    let sourceError: unknown;
+    if (stream) {
+      init.body = toStream(stream(), (err) => (sourceError = err), limits);
+      init.duplex = 'half'; // a streamed request body (undici)
+      // A request that may follow a redirect keeps a copy of its body to send again: undici
+      // tees the stream, and the unread branch held the whole upload in memory. The API
+      // never redirects.
+      init.redirect = 'error';
+    } else {
+      limits.awaitAnswer();
+    }
+    try {
+      return limitedBody(await fetch(this.url + path, { ...init, signal: limits.signal }), limits);
+    } catch (err) {
+      throw fetchError(err, this.url, sourceError);
+    } finally {
+      limits.answered();
+    }
   }
 
   async #json<S extends z.ZodType>(res: Response, schema: S, expected = 0): Promise<z.infer<S>> {
     if (!res.ok || (expected && res.status !== expected)) throw await apiError(res);
     return schema.parse(await res.json());
   }
+}
+
+/** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
+function limitOption(name: string, ms: unknown): number {
+  if (typeof ms === 'number' && ms > 0 && ms <= MAX_LIMIT_MS) return ms;
+  throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_LIMIT_MS}, got ${String(ms)}`);
 }
 
 async function apiError(res: Response): Promise<KeyfleetApiError> {
@@ -367,7 +387,8 @@ async function apiError(res: Response): Promise<KeyfleetApiError> {
 /**
  * What a failed fetch becomes. undici reports every failure as `TypeError('fetch failed')` with
  * the reason as its cause, and that includes an error of the body's own source: that one is
- * given back as it is, since the API was reached. An abort stays as fetch threw it. A request
+ * given back as it is, since the API was reached. An abort stays as fetch threw it: the
+ * caller's signal's reason, or a time limit's KeyfleetTimeoutError. A request
  * fetch refuses to make (a TypeError without a cause) is told without fetch's own message: it
  * quotes the header or URL it refused, and that can be the token.
  */
@@ -395,16 +416,16 @@ function withoutUserinfo(url: string): string {
   return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1');
 }
 
-/** ECONNREFUSED, ENOTFOUND and the like; undici's own codes say less than its messages ("other side closed"). */
-function failureReason(cause: Error): string {
-  const { code } = cause as NodeJS.ErrnoException;
-  return code && !code.startsWith('UND_ERR_') ? code : cause.message;
-}
-
-function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>, onSourceError: (err: unknown) => void): ReadableStream<Uint8Array> {
+/**
+ * An upload's source as a request body. The time the source takes is the client's own; from a
+ * piece handed over until undici asks for the next (it takes a piece once the socket took the
+ * one before), the API's; once the source ends, the answer's.
+ */
+function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>, onSourceError: (err: unknown) => void, limits: AttemptLimits): ReadableStream<Uint8Array> {
   const iterator = (Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : source[Symbol.iterator]()) as AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string>;
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
+      limits.pause();
       let next: IteratorResult<Uint8Array | string>;
       try {
         next = await iterator.next();
@@ -413,8 +434,13 @@ function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Arr
         throw err;
       }
       const { value, done } = next;
-      if (done) controller.close();
-      else controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
+      if (done) {
+        controller.close();
+        limits.awaitAnswer();
+      } else {
+        controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
+        limits.awaitTaken();
+      }
     },
     async cancel() {
       await iterator.return?.();

@@ -1,6 +1,7 @@
 // The client side of keyfleet: a typed client of every route, the CLI's bulk flow, and the
 // check a webhook receiver makes.
-export { KeyfleetApiError, KeyfleetClient, KeyfleetConnectionError, type BatchRequest, type BodySource, type CiphertextItem, type ClientOptions, type CryptoAnswer, type CryptoOptions, type PlaintextItem } from './client.js';
+export { KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError } from './errors.js';
+export { KeyfleetClient, type BatchRequest, type BodySource, type CiphertextItem, type ClientOptions, type CryptoAnswer, type CryptoOptions, type PlaintextItem } from './client.js';
 export { runBulk, type BulkOptions, type BulkOutcome } from './bulk.js';
 export { RETRYABLE, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 export { readServerEvents, type ServerEvent } from './sse.js';

@@ -44,9 +44,11 @@ export const NOTHING_DONE: ReadonlySet<string> = new Set<ErrorCode>(['KF_REDIS_U
  * `repeatable: false` (a rotation, a deletion) retries a 503 only when it is the API's own
  * refusal of NOTHING_DONE: a gateway's 503 may come after the API did the work, and the work
  * done again is a second rotation. (A 429 is still retried: a gateway's rate limit refuses
- * before it forwards anything.)
+ * before it forwards anything.) A request that failed without an answer (a broken connection,
+ * a time limit) is not sent again: it may have been done. `signal` also ends the wait between
+ * attempts.
  */
-export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}, { repeatable = true }: { repeatable?: boolean } = {}): Promise<Response> {
+export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}, { repeatable = true, signal }: { repeatable?: boolean; signal?: AbortSignal } = {}): Promise<Response> {
   const attempts = options.attempts ?? 5;
   for (let attempt = 1; ; attempt++) {
     const res = await send();
@@ -54,7 +56,7 @@ export async function withRetries(send: () => Promise<Response>, options: RetryO
     if (!repeatable && res.status === 503 && !(await nothingDone(res))) return res;
     const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
     await res.body?.cancel().catch(() => {});
-    await sleep(wait);
+    await sleep(wait, undefined, signal ? { signal } : {});
   }
 }
 

@@ -2,7 +2,7 @@
 // (package.json exports and the declarations it names). test/e2e/client-types.test.ts compiles
 // it with tsc: every line must type-check, and every @ts-expect-error must be an error (an
 // `any` where a type should be would leave it unused, and fail too).
-import { KeyfleetApiError, KeyfleetClient, type ClientOptions, type CryptoAnswer, type CryptoOptions } from 'keyfleet/client';
+import { KeyfleetApiError, KeyfleetClient, KeyfleetTimeoutError, type ClientOptions, type CryptoAnswer, type CryptoOptions } from 'keyfleet/client';
 
 const options: ClientOptions = { url: 'http://127.0.0.1:8080', token: 'tok', retry: { attempts: 3 } };
 const client = new KeyfleetClient(options);
@@ -34,4 +34,21 @@ export async function everyOption(): Promise<void> {
   key.latestVersion satisfies string;
   const error = await client.getKey('missing').catch((e: unknown) => e);
   if (error instanceof KeyfleetApiError) error.code satisfies string;
+}
+
+export async function timeLimits(): Promise<void> {
+  const patient = new KeyfleetClient({ ...options, timeoutMs: 5_000, idleTimeoutMs: 20_000 });
+  const signal = AbortSignal.timeout(60_000);
+  await patient.waitForBatch('b1', (status) => status.processed satisfies number, { signal });
+  await patient.encrypt('pii', ['a'], { signal });
+  await patient.createBatch({ op: 'encrypt', key: 'pii', signal }, () => ['a']);
+  for await (const line of patient.results('b1', { signal })) line.i satisfies number;
+  const error = await patient.rotateKey('pii').catch((e: unknown) => e);
+  if (error instanceof KeyfleetTimeoutError) {
+    error.call satisfies string;
+    error.limitMs satisfies number;
+    error.url satisfies string;
+  }
+  // @ts-expect-error a time limit is a number of milliseconds
+  new KeyfleetClient({ ...options, timeoutMs: '30s' });
 }

@@ -1,0 +1,153 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { KeyfleetClient, KeyfleetConnectionError, KeyfleetTimeoutError } from '../../client/index.js';
+import { runCli } from '../helpers/cli.js';
+
+// How long the client waits on an API that does not answer, or stops answering: stand-in APIs
+// on loopback that hold a request, a body or a stream as a hung API (or a gateway before one)
+// would. Each test has its own short time limit: without the client's own, each would hang.
+const servers = new Set<Server>();
+const dir = mkdtempSync(join(tmpdir(), 'keyfleet-timeouts-'));
+afterEach(async () => {
+  for (const server of servers) {
+    server.closeAllConnections();
+    await new Promise((ok) => server.close(ok));
+  }
+  servers.clear();
+});
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** A stand-in API on loopback; closed after the test. */
+async function standIn(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<string> {
+  const server = createServer(handler);
+  servers.add(server);
+  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+}
+
+const status = (processed: number) => JSON.stringify({ id: 'b1', op: 'encrypt', key: 'k', status: 'running', total: 10, processed, succeeded: processed, failed: 0, createdAt: new Date().toISOString() });
+const sleep = (ms: number) => new Promise((ok) => setTimeout(ok, ms));
+
+describe('the typed client’s time limits', () => {
+  it('gives up on an API that sends no answer after timeoutMs, naming the call and the wait, and sends a rotation once', { timeout: 10_000 }, async () => {
+    let requests = 0;
+    const url = await standIn((req) => {
+      requests++;
+      req.resume(); // read, never answered
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    const started = Date.now();
+    const rotated = await client.rotateKey('serials').catch((e: unknown) => e);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    expect(rotated).toBeInstanceOf(KeyfleetTimeoutError);
+    // No status, as a broken connection: the CLI's download and waitForBatch go on after one.
+    expect(rotated).toBeInstanceOf(KeyfleetConnectionError);
+    expect(rotated).not.toHaveProperty('status');
+    // A rotation not answered may have been done: it is not sent again.
+    expect((rotated as Error).message).toBe(`POST /v1/keys/serials/rotate: no answer from ${url} within 0.3 s; the API may have done it`);
+    expect(requests).toBe(1);
+    const read = await client.getKey('serials').catch((e: unknown) => e);
+    expect((read as Error).message).toBe(`GET /v1/keys/serials: no answer from ${url} within 0.3 s`);
+    await expect(client.ready()).rejects.toBeInstanceOf(KeyfleetTimeoutError);
+  });
+
+  it('refuses a time limit that is not a positive number of milliseconds, naming the option', () => {
+    for (const timeoutMs of [0, -1, Number.NaN, 2 ** 31]) {
+      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', timeoutMs })).toThrow(/^keyfleet client: timeoutMs must be/);
+      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', idleTimeoutMs: timeoutMs })).toThrow(/^keyfleet client: idleTimeoutMs must be/);
+    }
+  });
+
+  it('downloads results for longer than either limit while they keep coming, and fails a download that goes silent', { timeout: 10_000 }, async () => {
+    const url = await standIn(async (req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      for (let i = 0; i < (req.url!.includes('/b1/') ? 12 : 2); i++) {
+        res.write(`{"i":${i},"ciphertext":"kf:v1:AAAA"}\n`);
+        await sleep(100);
+      }
+      if (req.url!.includes('/b1/')) res.end(); // b2 goes silent
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 400 });
+    const started = Date.now();
+    const all = [];
+    for await (const line of client.results('b1')) all.push(line.i);
+    expect(all).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    expect(Date.now() - started).toBeGreaterThan(1_000);
+
+    const some: number[] = [];
+    const silent = await (async () => {
+      for await (const line of client.results('b2')) some.push(line.i);
+    })().catch((e: unknown) => e);
+    expect(some).toEqual([0, 1]);
+    expect(silent).toBeInstanceOf(KeyfleetTimeoutError);
+    expect((silent as Error).message).toBe(`GET /v1/batches/b2/results: the answer from ${url} stopped for 0.4 s`);
+  });
+
+  it('ends a wait for a batch whose event stream goes silent, and stops a wait at its AbortSignal', { timeout: 10_000 }, async () => {
+    let streams = 0;
+    const url = await standIn((_req, res) => {
+      streams++;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`event: progress\ndata: ${status(3)}\n\n`); // then nothing, not even a keep-alive
+    });
+    const client = new KeyfleetClient({ url, token: 't', idleTimeoutMs: 300, retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+    const started = Date.now();
+    await expect(client.waitForBatch('b1', undefined, { reconnects: 1 })).rejects.toThrow(`batch b1: the event stream broke (GET /v1/batches/b1/events: the answer from ${url} stopped for 0.3 s), 1 reconnections in a row failed`);
+    expect(streams).toBe(2);
+    expect(Date.now() - started).toBeLessThan(3_000);
+
+    // The caller's own limit: a signal ends the wait, however patient the client's limits are.
+    const patient = new KeyfleetClient({ url, token: 't', idleTimeoutMs: 60_000 });
+    const stop = new AbortController();
+    setTimeout(() => stop.abort(), 200);
+    const aborted = await patient.waitForBatch('b1', undefined, { signal: stop.signal }).catch((e: unknown) => e);
+    expect(aborted).toMatchObject({ name: 'AbortError' });
+    expect(Date.now() - started).toBeLessThan(4_000);
+  });
+
+  it('gives up on an upload the API stops taking, and on an answer that never comes after it; a slow source is not the API’s silence', { timeout: 10_000 }, async () => {
+    const url = await standIn((req, res) => {
+      if (req.url!.includes('key=stalled')) return void req.pause(); // takes nothing: the connection fills up
+      req.resume().on('end', () => {
+        if (req.url!.includes('key=slow')) res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Slow1234Slow5678', status: 'queued', total: 3 }));
+      }); // key=unanswered: read to the end, never answered
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300 });
+    const piece = `${JSON.stringify('LIC-0000-0000-0000-0000-0000-0000')}\n`.repeat(7_000); // 252 KB
+    const stalled = await client.createBatchFromNdjson({ op: 'encrypt', key: 'stalled' }, function* () {
+      for (let n = 0; n < 256; n++) yield piece; // up to 64 MB, made only as it is taken
+    }).catch((e: unknown) => e);
+    expect(stalled).toBeInstanceOf(KeyfleetTimeoutError);
+    expect((stalled as Error).message).toBe(`POST /v1/batches: ${url} took no more of the upload for 0.3 s`);
+
+    const unanswered = await client.createBatch({ op: 'encrypt', key: 'unanswered' }, () => ['a', 'b']).catch((e: unknown) => e);
+    expect((unanswered as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s`);
+
+    // Pieces 0.5 s apart, longer than both limits: the client waits on its own input, not on the API.
+    const slow = await client.createBatch({ op: 'encrypt', key: 'slow' }, async function* () {
+      for (const item of ['a', 'b', 'c']) {
+        await sleep(500);
+        yield item;
+      }
+    });
+    expect(slow.batchId).toBe('Slow1234Slow5678');
+  });
+});
+
+describe('the CLI’s --timeout', () => {
+  it('takes seconds, says which call timed out and that a rotation may have been done, and refuses a value that is no number of seconds', { timeout: 15_000 }, async () => {
+    const url = await standIn((req) => void req.resume());
+    const run = await runCli(['--timeout', '0.5', 'keys', 'rotate', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' }, timeoutMs: 10_000 });
+    expect(run.code).toBe(1);
+    expect(run.stderr).toBe(`keyfleet: POST /v1/keys/serials/rotate: no answer from ${url} within 0.5 s; the API may have done it\n`);
+    const fromEnv = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't', KEYFLEET_TIMEOUT: '0.5' }, timeoutMs: 10_000 });
+    expect(fromEnv.stderr).toBe(`keyfleet: GET /v1/keys/serials: no answer from ${url} within 0.5 s\n`);
+    const bad = await runCli(['--timeout', 'soon', 'keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' }, timeoutMs: 10_000 });
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toContain('--timeout');
+    expect(bad.stderr).toContain('expected a number of seconds > 0');
+  });
+});
