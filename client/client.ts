@@ -27,7 +27,11 @@ export interface ClientOptions {
   readonly url: string;
   /** A bearer token of `KEYFLEET_TOKENS`. */
   readonly token: string;
-  /** Retries of 429 and 503 answers (Retry-After honoured; a 503 of a call not safe to repeat only when the API says nothing was done). */
+  /**
+   * Retries of 429 and 503 answers (Retry-After honoured; a 503 of a call not safe to repeat only
+   * when the API says nothing was done), and of 409 KF_IDEMPOTENCY_IN_PROGRESS (a retry that
+   * found the first attempt still running waits for its answer).
+   */
   readonly retry?: RetryOptions;
   /**
    * How long a call waits for the API to begin its answer, in ms (default 30 s): from the

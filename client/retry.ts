@@ -40,33 +40,44 @@ export function retryDelayMs(attempt: number, retryAfter: string | null, { baseD
 export const NOTHING_DONE: ReadonlySet<string> = new Set<ErrorCode>(['KF_REDIS_UNAVAILABLE', 'KF_REDIS_FULL', 'KF_BUSY', 'KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL', 'KF_RATE_LIMITED']);
 
 /**
- * Runs `send` until it answers something other than 429/503, or the attempts run out.
- * `repeatable: false` (a rotation, a deletion) retries a 503 only when it is the API's own
- * refusal of NOTHING_DONE: a gateway's 503 may come after the API did the work, and the work
- * done again is a second rotation. (A 429 is still retried: a gateway's rate limit refuses
- * before it forwards anything.) A request that failed without an answer (a broken connection,
- * a time limit) is not sent again: it may have been done. `signal` also ends the wait between
- * attempts.
+ * Runs `send` until it answers something other than 429/503 or 409 KF_IDEMPOTENCY_IN_PROGRESS,
+ * or the attempts run out. `repeatable: false` (a rotation, a deletion) retries a 503 only when
+ * it is the API's own refusal of NOTHING_DONE: a gateway's 503 may come after the API did the
+ * work, and the work done again is a second rotation. (A 429 is still retried: a gateway's rate
+ * limit refuses before it forwards anything.) KF_IDEMPOTENCY_IN_PROGRESS is the API refusing
+ * this attempt of a keyed request while an earlier one with the same Idempotency-Key still
+ * runs (sent again after a gateway's 503 that came before the API's answer): waited for, as
+ * Retry-After asks, it gives that attempt's answer. A request that failed without an answer (a
+ * broken connection, a time limit) is not sent again: it may have been done. `signal` also ends
+ * the wait between attempts.
  */
 export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}, { repeatable = true, signal }: { repeatable?: boolean; signal?: AbortSignal } = {}): Promise<Response> {
   const attempts = options.attempts ?? 5;
   for (let attempt = 1; ; attempt++) {
     const res = await send();
-    if (!RETRYABLE.has(res.status) || attempt >= attempts) return res;
-    if (!repeatable && res.status === 503 && !(await nothingDone(res))) return res;
+    if (attempt >= attempts || !(await worthRetrying(res, repeatable))) return res;
     const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
     await res.body?.cancel().catch(() => {});
     await sleep(wait, undefined, signal ? { signal } : {});
   }
 }
 
-/** Whether `res` is the API's own JSON error with a NOTHING_DONE code (read from a clone: `res` stays unread). */
-async function nothingDone(res: Response): Promise<boolean> {
-  if (!res.headers.get('content-type')?.startsWith('application/json')) return false;
+/** Whether sending again may give another answer, and cannot do the work twice. */
+async function worthRetrying(res: Response, repeatable: boolean): Promise<boolean> {
+  if (res.status === 409) return (await apiErrorCode(res)) === 'KF_IDEMPOTENCY_IN_PROGRESS';
+  if (!RETRYABLE.has(res.status)) return false;
+  if (repeatable || res.status !== 503) return true;
+  const code = await apiErrorCode(res);
+  return code !== undefined && NOTHING_DONE.has(code);
+}
+
+/** The code of `res` if it is the API's own JSON error (read from a clone: `res` stays unread). */
+async function apiErrorCode(res: Response): Promise<string | undefined> {
+  if (!res.headers.get('content-type')?.startsWith('application/json')) return undefined;
   try {
     const body = (await res.clone().json()) as { error?: { code?: unknown } };
-    return typeof body.error?.code === 'string' && NOTHING_DONE.has(body.error.code);
+    return typeof body.error?.code === 'string' ? body.error.code : undefined;
   } catch {
-    return false;
+    return undefined;
   }
 }

@@ -1,4 +1,5 @@
 import { createServer } from 'node:http';
+import { connect, createServer as createTcpServer, type Socket } from 'node:net';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -70,6 +71,60 @@ async function losingGateway(patterns: RegExp[]) {
   });
 }
 
+/**
+ * A gateway that gives up on the first upload at once: it answers the client 503 as soon as the
+ * whole upload has arrived, and passes it on to the API with its last bytes (the end of its
+ * chunked body) 1.5 s late, so that the API is still running it when the client's retry comes.
+ * Everything else passes through; `statuses` are the API's answers the client got.
+ */
+async function impatientGateway() {
+  const sockets = new Set<Socket>();
+  const timers = new Set<NodeJS.Timeout>();
+  const statuses: number[] = [];
+  const uploads: number[] = []; // when each upload attempt reached the gateway
+  let heldOne = false;
+  const server = createTcpServer((client) => {
+    const upstream = connect(port, '127.0.0.1');
+    for (const socket of [client, upstream]) sockets.add(socket.once('close', () => sockets.delete(socket)));
+    let holding: boolean | undefined;
+    let held = Buffer.alloc(0);
+    client.on('data', (data: Buffer) => {
+      if (/^POST \/v1\/batches\?/.test(data.toString('latin1'))) uploads.push(Date.now());
+      holding ??= !heldOne && uploads.length === 1;
+      if (!holding) return void upstream.write(data);
+      heldOne = true;
+      held = Buffer.concat([held, data]);
+      if (!held.subarray(-5).equals(Buffer.from('0\r\n\r\n'))) return;
+      upstream.write(held.subarray(0, -5));
+      client.end('HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
+      const timer = setTimeout(() => upstream.write('0\r\n\r\n'), 1_500);
+      timers.add(timer);
+    });
+    upstream.on('data', (data: Buffer) => {
+      if (holding) return; // the first upload's answer is lost
+      const answer = /^HTTP\/1\.1 (\d{3}) /.exec(data.toString('latin1'));
+      if (answer) statuses.push(Number(answer[1]));
+      client.write(data);
+    });
+    // The held upload stays open to the API after the client has gone.
+    client.on('end', () => holding || upstream.end());
+    client.on('error', () => holding || upstream.destroy());
+    upstream.on('end', () => client.end());
+    upstream.on('error', () => client.destroy());
+  });
+  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+  return {
+    port: (server.address() as { port: number }).port,
+    statuses,
+    uploads,
+    close: async () => {
+      for (const timer of timers) clearTimeout(timer);
+      for (const socket of sockets) socket.destroy();
+      await new Promise((ok) => server.close(ok));
+    },
+  };
+}
+
 describe('the client and the CLI', () => {
   it('make one batch and one rotation when a gateway loses the API’s answer and says 503', async () => {
     const client = new KeyfleetClient({ url, token: admin.token });
@@ -98,6 +153,25 @@ describe('the client and the CLI', () => {
       expect(rotate.code).toBe(1);
       expect(rotate.stderr).toContain('503');
       expect((await client.getKey('gateway')).latestVersion).toBe(latestVersion + 1);
+    } finally {
+      await gateway.close();
+    }
+  });
+
+  it('waits for a keyed upload still running when its retry comes (409 KF_IDEMPOTENCY_IN_PROGRESS), then gets its one batch', async () => {
+    const client = new KeyfleetClient({ url, token: admin.token });
+    await client.createKey('patient');
+    const gateway = await impatientGateway();
+    try {
+      const before = await batchesCreated();
+      const viaGateway = new KeyfleetClient({ url: `http://127.0.0.1:${gateway.port}`, token: admin.token, retry: { baseDelayMs: 10 } });
+      const accepted = await viaGateway.createBatch({ op: 'encrypt', key: 'patient' }, () => ['a', 'b', 'c']);
+      // The retry found the first attempt running, waited as asked (Retry-After: 1), and got its answer.
+      expect(gateway.statuses[0]).toBe(409);
+      expect(gateway.statuses.at(-1)).toBe(202);
+      expect(gateway.uploads[2]! - gateway.uploads[1]!).toBeGreaterThanOrEqual(950);
+      expect(await batchesCreated()).toBe(before + 1);
+      expect(await client.waitForBatch(accepted.batchId)).toMatchObject({ status: 'completed', total: 3 });
     } finally {
       await gateway.close();
     }
