@@ -133,9 +133,10 @@ export class KeyfleetClient {
   // ---- keys -----------------------------------------------------------------------------
   async createKey(name: string, type?: KeyType, options: { convergent?: boolean } = {}): Promise<KeyInfo & { created: boolean }> {
     const body = type || options.convergent ? { ...(type ? { type } : {}), ...(options.convergent ? { convergent: true } : {}) } : undefined;
-    // Repeatable: the API answers 200 for a key that exists with the same type (a retry after a
-    // lost 201 then says `created: false`).
-    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body, { repeatable: true });
+    // Repeatable: the API answers 200 for a key that exists with the same type. The key of its
+    // own, the same on every retry, has a retry after a lost 201 get that 201 again: without
+    // it, the retry would find the key it made and say `created: false`.
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body, { repeatable: true, headers: { 'idempotency-key': randomUUID() } });
     return { ...(await this.#json(res, keyInfo)), created: res.status === 201 };
   }
 

@@ -177,6 +177,22 @@ describe('the client and the CLI', () => {
     }
   });
 
+  it('says a key was created when a gateway lost the API’s 201 and the retry found the key', async () => {
+    const gateway = await losingGateway([/^POST \/v1\/keys\/lost-201$/, /^POST \/v1\/keys\/lost-cli$/]);
+    try {
+      const through = `http://127.0.0.1:${gateway.port}`;
+      const viaGateway = new KeyfleetClient({ url: through, token: admin.token, retry: { baseDelayMs: 10 } });
+      expect(await viaGateway.createKey('lost-201')).toMatchObject({ name: 'lost-201', latestVersion: 1, created: true });
+      const run = await keyfleet(['keys', 'create', 'lost-cli'], { KEYFLEET_URL: through });
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toBe('keyfleet: key lost-cli created\n');
+      // A key that was there before is found, not created, through the same gateway.
+      expect((await viaGateway.createKey('lost-201')).created).toBe(false);
+    } finally {
+      await gateway.close();
+    }
+  });
+
   it('stops at a full disk naming the output file and ENOSPC, exit 1, without retrying the download', async () => {
     const client = new KeyfleetClient({ url, token: admin.token });
     await client.createKey('full');

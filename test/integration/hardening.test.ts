@@ -525,6 +525,26 @@ describe('idempotency', () => {
     await store.release('acme', 'slow-upload');
   });
 
+  it('answers a repeated key creation with the same Idempotency-Key with its first 201, so a retry after a lost answer still says created', async () => {
+    const key = { 'idempotency-key': 'create-vault-1' };
+    const first = await call(app, admin, 'POST', '/v1/keys/vault', { type: 'xchacha20-poly1305' }, key);
+    const again = await call(app, admin, 'POST', '/v1/keys/vault', { type: 'xchacha20-poly1305' }, key);
+    expect(first.statusCode).toBe(201);
+    expect(again.statusCode).toBe(201);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.json()).toEqual(first.json());
+    // Without a key, or with another one, the key is found as before: 200.
+    expect((await call(app, admin, 'POST', '/v1/keys/vault', { type: 'xchacha20-poly1305' })).statusCode).toBe(200);
+    expect((await call(app, admin, 'POST', '/v1/keys/vault', { type: 'xchacha20-poly1305' }, { 'idempotency-key': 'create-vault-2' })).statusCode).toBe(200);
+    const clash = await call(app, admin, 'POST', '/v1/keys/vault', { type: 'aes256-gcm96' }, key);
+    expect(clash.statusCode).toBe(409);
+    expect(clash.json().error.code).toBe('KF_IDEMPOTENCY_MISMATCH');
+    // No body and an empty one ask for the same key.
+    const plain = { 'idempotency-key': 'create-plain' };
+    expect((await call(app, admin, 'POST', '/v1/keys/plain', undefined, plain)).statusCode).toBe(201);
+    expect((await call(app, admin, 'POST', '/v1/keys/plain', {}, plain)).statusCode).toBe(201);
+  });
+
   it('refuses a malformed Idempotency-Key with 400', async () => {
     const res = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['A'] }, { 'idempotency-key': 'x'.repeat(300) });
     expect(res.statusCode).toBe(400);
