@@ -9,7 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { freePort, portIsFree, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
+import { freePort, portInUse, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
 const devDir = join(root, '.keyfleet-dev');
@@ -78,11 +78,14 @@ const host = process.env['HOST'] ?? '127.0.0.1';
 const port = process.env['PORT'] ?? '8080';
 // Another process on the port (another checkout's `npm start`) would answer the readiness check
 // meant for this API, which fails to listen: the banner would show the other service. (A PORT
-// that is not a port number is the API's to refuse, naming it.)
-if (/^[1-9]\d*$/.test(port) && !(await portIsFree(Number(port)))) {
-  await giveUp(new Error(`port ${port} is taken (another keyfleet running?); set PORT to a free one`));
-}
-const secrets = devSecrets();
+// that is not a port number, or one this user may not take, is the API's to refuse, naming it.)
+if (await portInUse(Number(port))) await giveUp(new Error(`port ${port} is taken (another keyfleet running?); set PORT to a free one`));
+// Set but empty, as the API and the worker refuse it: probed as is, it would be whichever Redis
+// answers on 127.0.0.1, or a new one.
+if (process.env['REDIS_URL']?.trim() === '') await giveUp(new Error('REDIS_URL is set but empty: unset it for redis://127.0.0.1:6379 (or a Redis of its own), or set a URL'));
+// Made and kept only where the environment gives no master key or tokens of its own.
+let secrets: DevSecrets | undefined;
+const dev = (): DevSecrets => (secrets ??= devSecrets());
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 if (!(await redisAnswers(redisUrl))) {
   console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
@@ -90,7 +93,7 @@ if (!(await redisAnswers(redisUrl))) {
 }
 // Dev data gets its own prefix per dev master key, so checkouts sharing a local Redis (or a
 // Redis that also holds other data) never meet each other's keys.
-const masterKey = process.env['KEYFLEET_MASTER_KEY'] ?? secrets.masterKey;
+const masterKey = process.env['KEYFLEET_MASTER_KEY'] ?? dev().masterKey;
 const prefix = process.env['KEYFLEET_PREFIX'] ?? `{keyfleet-dev-${createHash('sha256').update(masterKey).digest('hex').slice(0, 8)}}`;
 const env: NodeJS.ProcessEnv = {
   ...process.env,
@@ -99,7 +102,7 @@ const env: NodeJS.ProcessEnv = {
   PORT: port,
   KEYFLEET_MASTER_KEY: masterKey,
   KEYFLEET_PREFIX: prefix,
-  KEYFLEET_TOKENS: process.env['KEYFLEET_TOKENS'] ?? `dev:${secrets.token}:encrypt+decrypt+rewrap+keys+batches+admin`,
+  KEYFLEET_TOKENS: process.env['KEYFLEET_TOKENS'] ?? `dev:${dev().token}:encrypt+decrypt+rewrap+keys+batches+admin`,
   LOG_LEVEL: process.env['LOG_LEVEL'] ?? 'warn',
 };
 for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => void stop(0));
@@ -111,7 +114,7 @@ await waitForOk(`${url}/readyz`, 'the API', api).catch(giveUp);
 // A child that exited meanwhile (a worker whose port is taken) is stopping everything: no banner.
 if (stopped) await stopped;
 
-const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : secrets.token;
+const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : dev().token;
 const auth = `-H "Authorization: Bearer ${token}"`;
 console.log(`
 keyfleet is running (API + 1 worker, Redis at ${redisUrl}, keys under ${prefix})

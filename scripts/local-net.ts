@@ -20,6 +20,9 @@ export const freePort = (): Promise<number> => listenOnce(0);
 /** Whether `port` on 127.0.0.1 was free a moment ago. */
 export const portIsFree = (port: number): Promise<boolean> => listenOnce(port).then(() => true, () => false);
 
+/** Whether something listened on `port` of 127.0.0.1 a moment ago (not a port that is not one, nor one this user may not take). */
+export const portInUse = (port: number): Promise<boolean> => listenOnce(port).then(() => false, (err: NodeJS.ErrnoException) => err.code === 'EADDRINUSE');
+
 /** True when a Redis at `url` answers PING within about a second. */
 export async function redisAnswers(url: string): Promise<boolean> {
   const client = new Redis(url, { lazyConnect: true, connectTimeout: 1_000, maxRetriesPerRequest: 0, retryStrategy: () => null });

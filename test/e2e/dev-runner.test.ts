@@ -43,4 +43,24 @@ describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
     expect(run.stdout).not.toContain('keyfleet is running');
     expect(run.stderr).toBe(`keyfleet: port ${port} is taken (another keyfleet running?); set PORT to a free one; stopping\n`);
   });
+
+  it('leaves a PORT that is no port to the processes, which name it, rather than calling it taken', async () => {
+    const run = await runDev({ REDIS_URL: env['REDIS_URL']!, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '70000', WORKER_METRICS_PORT: '0' });
+
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stderr).not.toContain('is taken');
+    expect(run.stdout).not.toContain('keyfleet is running');
+    const fatal = run.stdout.split('\n').filter((line) => line.includes('"level":60')).map((line) => JSON.parse(line) as { name: string; err: { message: string } });
+    // The API or the worker (both read PORT), whichever refuses first: the runner then stops the other.
+    expect(fatal.length, run.stdout).toBeGreaterThan(0);
+    for (const line of fatal) expect(line.err.message).toContain('PORT: Too big: expected number to be <=65535 (got "70000")');
+  });
+
+  it('refuses a REDIS_URL that is set but empty, as the API and the worker do, before starting anything', async () => {
+    const run = await runDev({ REDIS_URL: '', KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '0', WORKER_METRICS_PORT: '0' });
+
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stdout).toBe('');
+    expect(run.stderr).toBe('keyfleet: REDIS_URL is set but empty: unset it for redis://127.0.0.1:6379 (or a Redis of its own), or set a URL; stopping\n');
+  });
 });
