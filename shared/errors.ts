@@ -27,8 +27,8 @@ export const CATALOGUE = {
   KF_UPLOAD_ABORTED: { status: 400, message: 'the upload ended before it was complete' },
   KF_CHUNK_FAILED: { status: 500, message: 'a chunk of the batch failed on every attempt' },
   KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },
-  KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later' },
-  KF_REDIS_FULL: { status: 503, message: 'the backing store is full; retry later' },
+  KF_REDIS_UNAVAILABLE: { status: 503, message: 'the backing store is unavailable; retry later', retryAfterSeconds: 5 },
+  KF_REDIS_FULL: { status: 503, message: 'the backing store is full; retry later', retryAfterSeconds: 5 },
   KF_BUSY: { status: 503, message: 'the API holds as many request bodies as it may at once; retry shortly' },
   KF_INTERNAL: { status: 500, message: 'internal error' },
   KF_URI_TOO_LONG: { status: 414, message: 'a path segment is longer than any key name or batch id' },
@@ -49,9 +49,12 @@ export const CATALOGUE = {
   KF_INVALID_ENCODING: { status: 400, message: 'the item is not valid base64' },
   KF_ITEM_TOO_LARGE: { status: 400, message: 'the item is larger than the configured limit' },
   KF_NOT_UTF8: { status: 400, message: 'the plaintext is not valid UTF-8; request encoding "base64"' },
-} as const satisfies Record<string, { status: number; message: string }>;
+} as const satisfies Record<string, { status: number; message: string; retryAfterSeconds?: number }>;
 
 export type ErrorCode = keyof typeof CATALOGUE;
+
+/** The Retry-After the catalogue gives a code (the backing store's 503s), if any. */
+export const retryAfterOf = (code: ErrorCode): number | undefined => (CATALOGUE[code] as { retryAfterSeconds?: number }).retryAfterSeconds;
 
 export interface ErrorBody {
   readonly code: ErrorCode;
@@ -62,14 +65,14 @@ export class KeyfleetError extends Error {
   override name = 'KeyfleetError';
   readonly code: ErrorCode;
   readonly status: number;
-  /** Sent as Retry-After: when a 429 or 503 may be retried. */
+  /** Sent as Retry-After: when a 429 or 503 may be retried (the catalogue's, unless given). */
   readonly retryAfterSeconds: number | undefined;
 
   constructor(code: ErrorCode, message: string = CATALOGUE[code].message, options?: { cause?: unknown; retryAfterSeconds?: number }) {
     super(message, options);
     this.code = code;
     this.status = CATALOGUE[code].status;
-    this.retryAfterSeconds = options?.retryAfterSeconds;
+    this.retryAfterSeconds = options?.retryAfterSeconds ?? retryAfterOf(code);
   }
 
   toBody(): ErrorBody {

@@ -1,7 +1,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
-import { CATALOGUE } from '../shared/errors.js';
+import { CATALOGUE, retryAfterOf } from '../shared/errors.js';
 
 export interface WorkerHttpOptions {
   readonly host: string;
@@ -38,7 +38,7 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
         clearTimeout(timer);
         if (res.headersSent) return;
         if (ok) reply(200, 'application/json', '{"status":"ready"}');
-        else reply(503, 'application/json', NOT_READY, { 'retry-after': '5' });
+        else reply(503, 'application/json', NOT_READY, { 'retry-after': String(retryAfterOf('KF_REDIS_UNAVAILABLE')) });
       };
       const timer = setTimeout(() => answer(false), READY_TIMEOUT_MS);
       ready().then(answer, () => answer(false));

@@ -70,8 +70,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
       request.log.error({ err }, 'unhandled error');
       error = new KeyfleetError('KF_INTERNAL');
     }
-    const retryAfter = error.retryAfterSeconds ?? (error.code === 'KF_REDIS_UNAVAILABLE' || error.code === 'KF_REDIS_FULL' ? 5 : undefined);
-    if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
+    if (error.retryAfterSeconds !== undefined) reply.header('retry-after', String(error.retryAfterSeconds));
     // Answered before its body was read to the end (an upload that failed early, a body that went
     // quiet or over the limit): nobody reads the rest, so the connection closes after the answer,
     // in stages, so that a client still sending reads the answer before the close.
