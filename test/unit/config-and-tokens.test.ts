@@ -9,6 +9,17 @@ import { parseTokens, TokenVerifier } from '../../shared/tokens.js';
 
 const masterKey = randomBytes(32).toString('base64');
 
+/** loadConfig's error message for `env`, or '' where it loads. */
+function errorOf(env: Record<string, string>): string {
+  try {
+    loadConfig(env);
+  } catch (e) {
+    return (e as Error).message;
+  }
+  return '';
+}
+const tokensError = (tokens: string): string => errorOf({ KEYFLEET_TOKENS: tokens });
+
 describe('configuration', () => {
   it('has the documented defaults and is frozen', () => {
     const config = loadConfig({});
@@ -42,7 +53,6 @@ describe('configuration', () => {
   });
 
   it('refuses a REDIS_URL database that is not a whole number Redis can select, instead of crashing at the first command or reading /1x as 1', () => {
-    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     const refused = [
       'redis://h:6379/abc', 'redis://h:6379/1x', 'redis://h:6379/-1', 'redis://h:6379/1.5', 'redis://h:6379/%31', 'redis://h:6379/0/',
       'redis://h:6379/2147483647', 'redis://h:6379/99999999999', 'redis://h:6379?db=abc', 'redis://h:6379/?db=', 'rediss://u:p@h:6380/x',
@@ -63,7 +73,6 @@ describe('configuration', () => {
   });
 
   it('shows no piece of a REDIS_URL password in an error, even one with raw commas, and still the hosts', () => {
-    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     const pieces = Array.from({ length: 4 }, () => randomBytes(5).toString('hex'));
     const passwords = [pieces.join(','), `${pieces[0]}, ${pieces[1]}@${pieces[2]},${pieces[3]}`, `${pieces[0]},\n${pieces[1]},redis.internal:6379`];
     for (const password of passwords) {
@@ -86,7 +95,6 @@ describe('configuration', () => {
   });
 
   it('refuses a duration that Node’s timers cannot hold (they would fire after 1 ms), naming the variable, the maximum and the value', () => {
-    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     for (const [name, max] of [['UPLOAD_IDLE_SECONDS', 2_147_483], ['WORKER_DRAIN_SECONDS', 2_147_483], ['JOB_LOCK_MS', 2 ** 31 - 1]] as const) {
       expect(errorOf({ [name]: String(max + 1) })).toMatch(new RegExp(`${name}: expected at most ${max} .*\\(got "${max + 1}"\\)`));
       expect(errorOf({ [name]: '1e12' })).toMatch(new RegExp(`${name}: expected at most ${max} `));
@@ -98,7 +106,6 @@ describe('configuration', () => {
   });
 
   it('refuses a RESULT_TTL_SECONDS whose doubled lifetime Redis would refuse as an expiry, naming the variable, the maximum and the value', () => {
-    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     const max = 2 ** 52;
     for (const value of [String(max + 1), String(Number.MAX_SAFE_INTEGER), '1e16']) {
       expect(errorOf({ RESULT_TTL_SECONDS: value })).toMatch(new RegExp(`RESULT_TTL_SECONDS: expected at most ${max} s .*\\(got "${value}"\\)`));
@@ -112,7 +119,6 @@ describe('configuration', () => {
   });
 
   it('names every bad variable in one start: a bad token list or a cluster’s database alongside the others, not only once the rest is right', () => {
-    const errorOf = (env: Record<string, string>): string => { try { loadConfig(env); } catch (e) { return (e as Error).message; } return ''; };
     const shortToken = randomBytes(4).toString('hex');
     const error = errorOf({ KEYFLEET_TOKENS: `t1:${shortToken}`, SYNC_MAX_ITEMS: '-1', LOG_LEVEL: 'loud', REDIS_URL: 'redis://h:6379/3', REDIS_CLUSTER: 'true' });
     expect(error.split('\n').map((line) => line.trim().split(':')[0])).toEqual(['invalid configuration', 'SYNC_MAX_ITEMS', 'LOG_LEVEL', 'REDIS_URL', 'KEYFLEET_TOKENS']);
@@ -147,9 +153,8 @@ describe('tokens', () => {
   });
 
   it('refuses a token that cannot be sent after Bearer (a space, a control or a non-ASCII character), naming the entry and the rule, not the token', () => {
-    const errorOf = (tokens: string): string => { try { loadConfig({ KEYFLEET_TOKENS: tokens }); } catch (e) { return (e as Error).message; } return ''; };
     for (const bad of [' ', '\t', '\u0000', '\u007f', '\u00a0', 'ü', '€']) {
-      const error = errorOf(`acme:aaaaaaaaaaaaaaaa,globex:Xq7Zk9Wm${bad}Rt5Yp2Ln:encrypt`);
+      const error = tokensError(`acme:aaaaaaaaaaaaaaaa,globex:Xq7Zk9Wm${bad}Rt5Yp2Ln:encrypt`);
       expect(error).toMatch(/KEYFLEET_TOKENS: entry 2: expected a token of visible ASCII characters \(! to ~: no space, control or non-ASCII character\)/);
       expect(error).not.toMatch(/Xq7Zk9Wm|Rt5Yp2Ln/);
     }
@@ -160,7 +165,6 @@ describe('tokens', () => {
 
   it('shows no field of an entry that does not parse: a token read as a tenant name or a scope stays unshown', () => {
     const token = `tok_${randomBytes(12).toString('hex')}`;
-    const errorOf = (tokens: string): string => { try { loadConfig({ KEYFLEET_TOKENS: tokens }); } catch (e) { return (e as Error).message; } return ''; };
     const cases: Array<[string, string]> = [
       [token, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'], // the tenant left out
       [`${token}:encrypt`, 'entry 1: expected a token of at least 16 characters'], // the token read as the tenant
@@ -169,7 +173,7 @@ describe('tokens', () => {
       [`acme:${token}:encrypt:admin`, 'entry 1: expected tenant:token[:scope+scope] (a token holds no : or ,)'],
     ];
     for (const [spec, expected] of cases) {
-      const error = errorOf(spec);
+      const error = tokensError(spec);
       expect(error).toBe(`invalid configuration:\n  KEYFLEET_TOKENS: ${expected}`);
       for (const piece of [token, token.slice(0, 20), token.slice(20)]) expect(error).not.toContain(piece);
     }
