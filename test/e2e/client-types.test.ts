@@ -8,7 +8,7 @@ const root = resolve(import.meta.dirname, '..', '..');
 const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
 
 describe('the keyfleet/client package', () => {
-  it('exports declarations that type every option the API takes, as a user’s tsc sees them', () => {
+  it('exports declarations that type every option the API takes, and the types its methods take and answer by name, as a user’s tsc sees them', () => {
     const exported = JSON.parse(readFileSync(resolve(root, 'package.json'), 'utf8')).exports['./client'];
     expect(exported).toEqual({ types: './dist/client/index.d.ts', default: './dist/client/index.js' });
     // test/types/client-package.ts imports 'keyfleet/client' by the package's own name: the

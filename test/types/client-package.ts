@@ -2,7 +2,22 @@
 // (package.json exports and the declarations it names). test/e2e/client-types.test.ts compiles
 // it with tsc: every line must type-check, and every @ts-expect-error must be an error (an
 // `any` where a type should be would leave it unused, and fail too).
-import { KeyfleetApiError, KeyfleetClient, KeyfleetTimeoutError, type ClientOptions, type CryptoAnswer, type CryptoOptions } from 'keyfleet/client';
+import {
+  KeyfleetApiError,
+  KeyfleetClient,
+  KeyfleetTimeoutError,
+  type BatchAccepted,
+  type BatchOp,
+  type BatchStatusBody,
+  type ClientOptions,
+  type CryptoAnswer,
+  type CryptoOptions,
+  type CryptoResponse,
+  type KeyInfo,
+  type KeyPolicyPatch,
+  type KeyType,
+  type ResultLine,
+} from 'keyfleet/client';
 
 const options: ClientOptions = { url: 'http://127.0.0.1:8080', token: 'tok', retry: { attempts: 3 } };
 const client = new KeyfleetClient(options);
@@ -51,4 +66,27 @@ export async function timeLimits(): Promise<void> {
   }
   // @ts-expect-error a time limit is a number of milliseconds
   new KeyfleetClient({ ...options, timeoutMs: '30s' });
+}
+
+// The types of the methods' parameters and answers, by name: a user's own functions and fields take them.
+export async function namedTypes(): Promise<void> {
+  const type: KeyType = 'xchacha20-poly1305';
+  const info: KeyInfo = await client.createKey('pii', type);
+  info.minDecryptionVersion satisfies number;
+  const patch: KeyPolicyPatch = { minDecryptionVersion: 2, deletionAllowed: true };
+  (await client.patchKey('pii', patch)) satisfies KeyInfo;
+  // @ts-expect-error a policy holds only the fields the API takes
+  const wrong: KeyPolicyPatch = { minDecryptionVersion: 2, colour: 'red' };
+  void wrong;
+  const op: BatchOp = 'rewrap';
+  const accepted: BatchAccepted = await client.createBatch({ op, key: 'pii', targetKey: 'pii-2' }, () => ['kf:v1:AAAA']);
+  const status: BatchStatusBody = await client.waitForBatch(accepted.batchId);
+  status.status satisfies 'queued' | 'running' | 'completed' | 'failed' | 'cancelled';
+  const lines: ResultLine[] = [];
+  for await (const line of client.results(accepted.batchId)) lines.push(line);
+  const answer = await client.encrypt('pii', ['a'], { mode: 'sync' });
+  if (answer.kind === 'results') answer.results satisfies CryptoResponse['results'];
+  // @ts-expect-error no such operation
+  const other: BatchOp = 'sign';
+  void other;
 }
