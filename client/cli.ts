@@ -130,6 +130,10 @@ async function openOutput(path: string): Promise<Writable> {
 
 const cannotWrite = (path: string, err: unknown): Error => new Error(`cannot write ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, { cause: err });
 
+// An empty or blank variable counts as unset, as the service reads its own (`VAR=` in an env
+// file, compose's `${VAR:-}`): commander would read KEYFLEET_TIMEOUT= as a value, and refuse it.
+for (const name of ['KEYFLEET_URL', 'KEYFLEET_TOKEN', 'KEYFLEET_TIMEOUT']) if (process.env[name]?.trim() === '') delete process.env[name];
+
 try {
   await program.parseAsync(process.argv);
 } catch (err) {

@@ -150,4 +150,15 @@ describe('the CLI’s --timeout', () => {
     expect(bad.stderr).toContain('--timeout');
     expect(bad.stderr).toContain('expected a number of seconds > 0');
   });
+
+  it('reads an empty or blank KEYFLEET_TIMEOUT as unset, as the service reads its own variables', { timeout: 15_000 }, async () => {
+    const key = { name: 'serials', type: 'aes256-gcm96', convergent: false, latestVersion: 1, minDecryptionVersion: 1, minEncryptionVersion: 1, deletionAllowed: false, autoRotatePeriod: 0, createdAt: new Date().toISOString() };
+    const url = await standIn((_req, res) => void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(key)));
+    for (const blank of ['', '  ']) {
+      const run = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't', KEYFLEET_TIMEOUT: blank }, timeoutMs: 10_000 });
+      expect(run.stderr).toBe('');
+      expect(run.code).toBe(0);
+      expect(JSON.parse(run.stdout)).toMatchObject({ name: 'serials' });
+    }
+  });
 });
