@@ -1,5 +1,4 @@
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { z } from 'zod';
 import {
   batchAccepted,
@@ -18,7 +17,7 @@ import {
 import type { KeyType } from '../shared/crypto/key-ring.js';
 import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
 import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError } from './errors.js';
-import { GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
+import { delay, GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
 import { AttemptLimits, limitedBody, MAX_LIMIT_MS, type Limits } from './time-limits.js';
 
@@ -66,7 +65,7 @@ export interface CryptoOptions {
   readonly callbackUrl?: string;
   /** Makes a retry of this call safe: the same key and request give the first answer again. */
   readonly idempotencyKey?: string;
-  /** Ends the call (its request, or the wait before a retry) when it aborts. */
+  /** Ends the call (its request, or the wait before a retry) when it aborts: it rejects with the signal's reason. */
   readonly signal?: AbortSignal;
 }
 
@@ -271,7 +270,7 @@ export class KeyfleetClient {
       }
       if (advanced || (!silent && Date.now() - opened >= 60_000)) failures = 0;
       if (++failures > reconnects) throw new Error(`batch ${id}: ${reason}, ${reconnects} reconnections in a row failed`);
-      await sleep(retryDelayMs(failures, null, { baseDelayMs: 500, maxDelayMs: 10_000, ...this.#retry }), undefined, signal ? { signal } : {});
+      await delay(retryDelayMs(failures, null, { baseDelayMs: 500, maxDelayMs: 10_000, ...this.#retry }), signal);
     }
   }
 

@@ -33,6 +33,19 @@ export function retryDelayMs(attempt: number, retryAfter: string | null, { baseD
 }
 
 /**
+ * Waits `ms`, ended by `signal` with its reason: as an aborted fetch ends, so that a call aborted
+ * during its request and one aborted while it waits to retry reject alike (timers/promises would
+ * reject with a generic AbortError instead, the reason only as its cause).
+ */
+export async function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  try {
+    await sleep(ms, undefined, signal ? { signal } : {});
+  } catch (err) {
+    throw signal?.aborted ? signal.reason : err;
+  }
+}
+
+/**
  * The API's own refusals that mean nothing was done: the request was turned away before any
  * work (no Redis, Redis full, the tenant's or the service's limits). A request that is not safe
  * to send twice may be sent again after one of these, and after nothing else.
@@ -58,7 +71,7 @@ export async function withRetries(send: () => Promise<Response>, options: RetryO
     if (attempt >= attempts || !(await worthRetrying(res, repeatable))) return res;
     const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
     await res.body?.cancel().catch(() => {});
-    await sleep(wait, undefined, signal ? { signal } : {});
+    await delay(wait, signal);
   }
 }
 

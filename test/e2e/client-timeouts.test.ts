@@ -137,6 +137,40 @@ describe('the typed client’s time limits', () => {
   });
 });
 
+describe('the caller’s AbortSignal', () => {
+  it('ends a call with the signal’s reason, whether it aborts during the request or during the wait before a retry', { timeout: 10_000 }, async () => {
+    let requests = 0;
+    const url = await standIn((req, res) => {
+      requests++;
+      if (req.url!.endsWith('/held')) return void req.resume(); // never answered
+      if (req.url!.endsWith('/events')) return void res.writeHead(200, { 'content-type': 'text/event-stream' }).end(); // ends without a final status
+      res.writeHead(503, { 'retry-after': '5', 'content-type': 'application/json' }).end('{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"later"}}');
+    });
+    const client = new KeyfleetClient({ url, token: 't', retry: { baseDelayMs: 5_000 } });
+    const abortedWith = async (call: (signal: AbortSignal) => Promise<unknown>) => {
+      const stop = new AbortController();
+      const reason = new Error('the caller had enough');
+      setTimeout(() => stop.abort(reason), 200);
+      const started = Date.now();
+      const outcome = await call(stop.signal).catch((e: unknown) => e);
+      expect(Date.now() - started).toBeLessThan(2_000);
+      return { outcome, reason };
+    };
+    // During the request: fetch rejects with the reason.
+    let { outcome, reason } = await abortedWith((signal) => client.encrypt('held', ['a'], { mode: 'sync', signal }));
+    expect(outcome).toBe(reason);
+    // During the wait before a retry (Retry-After: 5), of a call and of a wait for a batch.
+    ({ outcome, reason } = await abortedWith((signal) => client.encrypt('k', ['a'], { mode: 'sync', signal })));
+    expect(outcome).toBe(reason);
+    ({ outcome, reason } = await abortedWith((signal) => client.waitForBatch('b1', undefined, { signal })));
+    expect(outcome).toBe(reason);
+    expect(requests).toBe(3);
+    // AbortSignal.timeout's reason is a TimeoutError, the same either way.
+    const timedOut = await client.encrypt('k', ['a'], { mode: 'sync', signal: AbortSignal.timeout(200) }).catch((e: unknown) => e);
+    expect(timedOut).toMatchObject({ name: 'TimeoutError' });
+  });
+});
+
 describe('the CLI’s --timeout', () => {
   it('takes seconds, says which call timed out and that a rotation may have been done, and refuses a value that is no number of seconds', { timeout: 15_000 }, async () => {
     const url = await standIn((req) => void req.resume());
