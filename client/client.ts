@@ -429,7 +429,7 @@ function toStream(source: AsyncIterable<Uint8Array | string> | Iterable<Uint8Arr
   const iterator = (Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : source[Symbol.iterator]()) as AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string>;
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      limits.pause();
+      limits.pauseUpload();
       let next: IteratorResult<Uint8Array | string>;
       try {
         next = await iterator.next();

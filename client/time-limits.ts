@@ -14,9 +14,11 @@ const seconds = (ms: number): string => `${ms / 1000} s`;
 /**
  * The time limits of one attempt of a call. The request is made with `signal`, which also ends
  * it when the caller's own signal does. Each `await…` arms the limit for what the client waits
- * on at that moment; `pause` disarms it while the client waits on itself (its upload's source,
+ * on at that moment; `pause…` disarms it while the client waits on itself (its upload's source,
  * its reader). A limit that passes ends the request, its answer's body included, with a
- * KeyfleetTimeoutError naming the call and the limit.
+ * KeyfleetTimeoutError naming the call and the limit. The request (its upload, and the wait for
+ * the answer to begin) and the answer's body have a timer each: the API may answer before an
+ * upload ends, and the upload's pauses must not switch the answer's limit off.
  */
 export class AttemptLimits {
   readonly signal: AbortSignal;
@@ -25,7 +27,8 @@ export class AttemptLimits {
   readonly #call: string;
   readonly #limits: Limits;
   readonly #maybeDone: boolean;
-  #timer: NodeJS.Timeout | undefined;
+  readonly #request = new Timer();
+  readonly #answer = new Timer();
   #answered = false;
 
   /** `maybeDone`: the call is not safe to send twice, and a timeout before its answer says the API may have done it. */
@@ -40,36 +43,57 @@ export class AttemptLimits {
   /** The request is sent (an upload: its last piece is handed over); its answer is awaited. */
   awaitAnswer(): void {
     const ms = this.#limits.timeoutMs;
-    if (!this.#answered) this.#arm(ms, `no answer from ${this.#url} within ${seconds(ms)}${this.#maybeDone ? '; the API may have done it' : ''}`);
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `no answer from ${this.#url} within ${seconds(ms)}${this.#maybeDone ? '; the API may have done it' : ''}`));
   }
 
   /** A piece of the upload is handed over, and the API has yet to take it. */
   awaitTaken(): void {
     const ms = this.#limits.idleTimeoutMs;
-    if (!this.#answered) this.#arm(ms, `${this.#url} took no more of the upload for ${seconds(ms)}`);
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `${this.#url} took no more of the upload for ${seconds(ms)}`));
+  }
+
+  /**
+   * The client reads the next piece of its upload from its source: its own time, not the API's.
+   * Only the request's limit is off meanwhile; an answer that began already stays under its own.
+   */
+  pauseUpload(): void {
+    this.#request.disarm();
   }
 
   /** The answer has begun (before the upload ended, or after): the limits of the request end. */
   answered(): void {
     this.#answered = true;
-    this.pause();
+    this.#request.disarm();
   }
 
   /** The reader asks for the answer's next piece. */
   awaitPiece(): void {
     const ms = this.#limits.idleTimeoutMs;
-    this.#arm(ms, `the answer from ${this.#url} stopped for ${seconds(ms)}`);
+    this.#answer.arm(ms, () => this.#end(ms, `the answer from ${this.#url} stopped for ${seconds(ms)}`));
   }
 
-  pause(): void {
-    clearTimeout(this.#timer);
-    this.#timer = undefined;
+  /** The reader has the answer's piece, or stopped reading: its own time, not the API's. */
+  pauseAnswer(): void {
+    this.#answer.disarm();
   }
 
-  #arm(ms: number, message: string): void {
-    this.pause();
-    const error = (): KeyfleetTimeoutError => new KeyfleetTimeoutError(this.#url, this.#call, ms, `${this.#call}: ${message}`);
-    this.#timer = setTimeout(() => this.#controller.abort(error()), ms).unref();
+  #end(ms: number, message: string): void {
+    this.#controller.abort(new KeyfleetTimeoutError(this.#url, this.#call, ms, `${this.#call}: ${message}`));
+  }
+}
+
+/** One limit's timer: armed anew for each wait, never more than one at a time; unref'd, as it keeps nothing alive. */
+class Timer {
+  #timeout: NodeJS.Timeout | undefined;
+
+  arm(ms: number, passed: () => void): void {
+    this.disarm();
+    this.#timeout = setTimeout(passed, ms).unref();
+  }
+
+  disarm(): void {
+    clearTimeout(this.#timeout);
+    this.#timeout = undefined;
   }
 }
 
@@ -90,11 +114,11 @@ export function limitedBody(res: Response, limits: AttemptLimits): Response {
           if (done) controller.close();
           else controller.enqueue(value);
         } finally {
-          limits.pause();
+          limits.pauseAnswer();
         }
       },
       cancel(reason) {
-        limits.pause();
+        limits.pauseAnswer();
         return reader.cancel(reason);
       },
     },

@@ -135,6 +135,26 @@ describe('the typed client’s time limits', () => {
     });
     expect(slow.batchId).toBe('Slow1234Slow5678');
   });
+
+  it('keeps the answer’s idle limit while an upload the API answered early is still being sent', { timeout: 10_000 }, async () => {
+    // The API answers at once (202 and its headers), then sends no body, while the upload goes on.
+    const url = await standIn((req, res) => {
+      req.resume();
+      res.writeHead(202, { 'content-type': 'application/json' }).flushHeaders();
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300 });
+    const started = Date.now();
+    // A piece every 0.1 s for 5 s: the caller's own limit of 4 s ends it if the client's does not.
+    const answer = await client.createBatchFromNdjson({ op: 'encrypt', key: 'early', signal: AbortSignal.timeout(4_000) }, async function* () {
+      for (let n = 0; n < 50; n++) {
+        await sleep(100);
+        yield '"a"\n';
+      }
+    }).catch((e: unknown) => e);
+    expect(answer).toBeInstanceOf(KeyfleetTimeoutError);
+    expect((answer as Error).message).toMatch(new RegExp(`^POST /v1/batches: the answer from ${url} stopped for 0\\.3 s`));
+    expect(Date.now() - started).toBeLessThan(2_000);
+  });
 });
 
 describe('the caller’s AbortSignal', () => {
