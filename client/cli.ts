@@ -5,11 +5,11 @@ import type { Writable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { projectVersion } from '../shared/project-root.js';
+import { MAX_TIMER_MS } from '../shared/timers.js';
 import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
 import type { BatchOp } from '../shared/schemas.js';
 import { runBulk } from './bulk.js';
 import { Progress } from './progress.js';
-import { MAX_LIMIT_MS } from './time-limits.js';
 import { KeyfleetClient } from './client.js';
 import { KeyfleetApiError } from './errors.js';
 
@@ -33,10 +33,10 @@ const positiveInt = (value: string): number => {
   return n;
 };
 
-/** Seconds as the client's time limits take them: more than 0, at most Node's longest timer (about 24.8 days). */
-const seconds = (value: string): number => {
+/** --timeout's value: seconds as the client's time limits take them, more than 0 and at most Node's longest timer (about 24.8 days). */
+const timeoutSeconds = (value: string): number => {
   const n = Number(value);
-  if (!(n > 0 && n <= MAX_LIMIT_MS / 1000)) throw new InvalidArgumentError(`expected a number of seconds > 0 (at most ${Math.floor(MAX_LIMIT_MS / 1000)}), got ${JSON.stringify(value)}`);
+  if (!(n > 0 && n <= MAX_TIMER_MS / 1000)) throw new InvalidArgumentError(`expected a number of seconds > 0 (at most ${Math.floor(MAX_TIMER_MS / 1000)}), got ${JSON.stringify(value)}`);
   return n;
 };
 
@@ -45,7 +45,7 @@ const program = new Command('keyfleet')
   .version(projectVersion())
   .addOption(new Option('--url <url>', 'the API, e.g. http://127.0.0.1:8080').env('KEYFLEET_URL'))
   .addOption(new Option('--token <token>', 'a bearer token').env('KEYFLEET_TOKEN'))
-  .addOption(new Option('--timeout <seconds>', 'seconds to wait for the service to begin an answer (default 30); a long download or wait ends only after 60 s of silence').env('KEYFLEET_TIMEOUT').argParser(seconds))
+  .addOption(new Option('--timeout <seconds>', 'seconds to wait for the service to begin an answer (default 30); a long download or wait ends only after 60 s of silence').env('KEYFLEET_TIMEOUT').argParser(timeoutSeconds))
   .showHelpAfterError('(run with --help for usage)');
 
 for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
@@ -75,8 +75,8 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       });
       const started = Date.now();
       const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id) });
-      const seconds = (Date.now() - started) / 1000;
-      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${seconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
+      const elapsedSeconds = (Date.now() - started) / 1000;
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
       process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
     });
 }

@@ -15,11 +15,12 @@ import {
   type ResultLine,
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
+import { MAX_TIMER_MS } from '../shared/timers.js';
 import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
 import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError } from './errors.js';
 import { delay, GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
-import { AttemptLimits, limitedBody, MAX_LIMIT_MS, type Limits } from './time-limits.js';
+import { AttemptLimits, limitedBody, type Limits } from './time-limits.js';
 
 export interface ClientOptions {
   /** The API's base URL, e.g. `http://127.0.0.1:8080`. */
@@ -374,8 +375,8 @@ export class KeyfleetClient {
 
 /** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
 function limitOption(name: string, ms: unknown): number {
-  if (typeof ms === 'number' && ms > 0 && ms <= MAX_LIMIT_MS) return ms;
-  throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_LIMIT_MS}, got ${String(ms)}`);
+  if (typeof ms === 'number' && ms > 0 && ms <= MAX_TIMER_MS) return ms;
+  throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_TIMER_MS}, got ${String(ms)}`);
 }
 
 async function apiError(res: Response): Promise<KeyfleetApiError> {

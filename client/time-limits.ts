@@ -6,10 +6,8 @@ export interface Limits {
   readonly idleTimeoutMs: number;
 }
 
-/** The longest delay Node's timers take (about 24.8 days); a longer one would fire at once. */
-export const MAX_LIMIT_MS = 2 ** 31 - 1;
-
-const seconds = (ms: number): string => `${ms / 1000} s`;
+/** A limit as its message gives it: 300 ms is `0.3 s`. */
+const inSeconds = (ms: number): string => `${ms / 1000} s`;
 
 /**
  * The time limits of one attempt of a call. The request is made with `signal`, which also ends
@@ -43,13 +41,13 @@ export class AttemptLimits {
   /** The request is sent (an upload: its last piece is handed over); its answer is awaited. */
   awaitAnswer(): void {
     const ms = this.#limits.timeoutMs;
-    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `no answer from ${this.#url} within ${seconds(ms)}${this.#maybeDone ? '; the API may have done it' : ''}`));
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `no answer from ${this.#url} within ${inSeconds(ms)}${this.#maybeDone ? '; the API may have done it' : ''}`));
   }
 
   /** A piece of the upload is handed over, and the API has yet to take it. */
   awaitTaken(): void {
     const ms = this.#limits.idleTimeoutMs;
-    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `${this.#url} took no more of the upload for ${seconds(ms)}`));
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `${this.#url} took no more of the upload for ${inSeconds(ms)}`));
   }
 
   /**
@@ -69,7 +67,7 @@ export class AttemptLimits {
   /** The reader asks for the answer's next piece. */
   awaitPiece(): void {
     const ms = this.#limits.idleTimeoutMs;
-    this.#answer.arm(ms, () => this.#end(ms, `the answer from ${this.#url} stopped for ${seconds(ms)}`));
+    this.#answer.arm(ms, () => this.#end(ms, `the answer from ${this.#url} stopped for ${inSeconds(ms)}`));
   }
 
   /** The reader has the answer's piece, or stopped reading: its own time, not the API's. */

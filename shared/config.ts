@@ -1,15 +1,11 @@
 import { availableParallelism } from 'node:os';
 import { z } from 'zod';
 import type { WorkerPriority } from './priority.js';
+import { MAX_TIMER_MS } from './timers.js';
 import { parseTokens, type TokenEntry } from './tokens.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
 
-/**
- * Node's timers count milliseconds in a signed 32-bit integer: a longer delay fires after 1 ms
- * instead (TimeoutOverflowWarning), so "a huge value to turn it off" would fire at once.
- */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 /** A duration in milliseconds that ends up in a timer (setTimeout, BullMQ's lock and stall timers). */
 const timerMs = (min: number) => z.coerce.number().int().min(min).max(MAX_TIMER_MS, `expected at most ${MAX_TIMER_MS} ms (2^31−1, the longest delay of Node's timers)`);
 /** A duration in seconds that ends up in a timer as seconds × 1000. */
