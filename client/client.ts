@@ -318,7 +318,9 @@ export class KeyfleetClient {
     // IDEMPOTENCY_TTL_SECONDS, so it is sent again only after the API's own "nothing done".
     const retryKey = idempotencyKey ?? (options.mode === 'async' ? randomUUID() : undefined);
     const repeatable = retryKey !== undefined || options.mode === 'sync';
-    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}), ...(signal ? { signal } : {}) });
+    // Only a call that may become a batch changes something: one in mode sync answers and is gone.
+    const changes = options.mode !== 'sync';
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, changes, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}), ...(signal ? { signal } : {}) });
     if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
     return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
   }
@@ -326,15 +328,18 @@ export class KeyfleetClient {
   /**
    * One request, retried after 429 and 503. GET is repeatable; any other method is only if the
    * caller says so (`repeatable`: the API does it once however often it is sent), else a 503 is
-   * retried only when the API itself says nothing was done (withRetries).
+   * retried only when the API itself says nothing was done (withRetries). Whether it is
+   * repeatable or not, a call that `changes` something (any but a GET, unless the caller says
+   * otherwise) may have been done once sent, and a timeout's message says so.
    */
-  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean } = {}): Promise<Response> {
+  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean; changes?: boolean } = {}): Promise<Response> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
     const repeatable = method === 'GET' || extra.repeatable === true;
+    const changes = extra.changes ?? method !== 'GET';
     const attempt = (): Promise<Response> => {
       const init: RequestInit & { duplex?: 'half' } = { method, headers };
       if (json !== undefined) init.body = JSON.stringify(json);
-      return this.#attempt(method, path, init, !repeatable, extra.stream, extra.signal);
+      return this.#attempt(method, path, init, changes, extra.stream, extra.signal);
     };
     return withRetries(attempt, this.#retry, { repeatable, ...(extra.signal ? { signal: extra.signal } : {}) });
   }
@@ -342,11 +347,12 @@ export class KeyfleetClient {
   /**
    * One request under the client's time limits (AttemptLimits): the answer must begin within
    * timeoutMs of the request (of an upload's last piece), an upload's pieces must be taken and
-   * the answer's come within idleTimeoutMs each. `maybeDone`: not safe to send twice.
+   * the answer's come within idleTimeoutMs each. `changes`: the call changes something, and once
+   * sent the API may have done it.
    */
-  async #attempt(method: string, path: string, init: RequestInit & { duplex?: 'half' }, maybeDone: boolean, stream?: BodySource, signal?: AbortSignal): Promise<Response> {
+  async #attempt(method: string, path: string, init: RequestInit & { duplex?: 'half' }, changes: boolean, stream?: BodySource, signal?: AbortSignal): Promise<Response> {
     // The call as messages name it: without the query, which can carry a context.
-    const limits = new AttemptLimits(this.url, `${method} ${path.replace(/\?.*$/, '')}`, this.#limits, maybeDone, signal);
+    const limits = new AttemptLimits(this.url, `${method} ${path.replace(/\?.*$/, '')}`, this.#limits, changes, signal);
     let sourceError: unknown;
     if (stream) {
       init.body = toStream(stream(), (err) => (sourceError = err), limits);

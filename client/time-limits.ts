@@ -29,7 +29,7 @@ export class AttemptLimits {
   readonly #answer = new Timer();
   #answered = false;
 
-  /** `maybeDone`: the call is not safe to send twice, and a timeout before its answer says the API may have done it. */
+  /** `maybeDone`: the call changes something (a rotation, a policy, a batch made), and a timeout once it is sent says the API may have done it. */
   constructor(url: string, call: string, limits: Limits, maybeDone: boolean, callerSignal?: AbortSignal) {
     this.#url = url;
     this.#call = call;

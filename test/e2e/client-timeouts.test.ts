@@ -54,6 +54,22 @@ describe('the typed client’s time limits', () => {
     await expect(client.ready()).rejects.toBeInstanceOf(KeyfleetTimeoutError);
   });
 
+  it('says a call that changes something may have been done when its answer does not come, whether or not it is safe to repeat', { timeout: 10_000 }, async () => {
+    let requests = 0;
+    const url = await standIn((req) => {
+      requests++;
+      req.resume(); // read, never answered
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    const messageOf = (call: Promise<unknown>) => call.then(() => 'answered', (e: unknown) => (e as Error).message);
+    // A policy change and a trim set values (safe to repeat), and are done all the same.
+    expect(await messageOf(client.patchKey('serials', { deletionAllowed: true }))).toBe(`PATCH /v1/keys/serials: no answer from ${url} within 0.3 s; the API may have done it`);
+    expect(await messageOf(client.trimKey('serials', 2))).toBe(`POST /v1/keys/serials/trim: no answer from ${url} within 0.3 s; the API may have done it`);
+    // A sync crypto call changes nothing.
+    expect(await messageOf(client.encrypt('serials', ['a'], { mode: 'sync' }))).toBe(`POST /v1/encrypt/serials: no answer from ${url} within 0.3 s`);
+    expect(requests).toBe(3);
+  });
+
   it('refuses a time limit that is not a positive number of milliseconds, naming the option', () => {
     for (const timeoutMs of [0, -1, Number.NaN, 2 ** 31]) {
       expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', timeoutMs })).toThrow(/^keyfleet client: timeoutMs must be/);
@@ -124,7 +140,8 @@ describe('the typed client’s time limits', () => {
     expect((stalled as Error).message).toBe(`POST /v1/batches: ${url} took no more of the upload for 0.3 s`);
 
     const unanswered = await client.createBatch({ op: 'encrypt', key: 'unanswered' }, () => ['a', 'b']).catch((e: unknown) => e);
-    expect((unanswered as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s`);
+    // Sent whole: the API may have made the batch.
+    expect((unanswered as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s; the API may have done it`);
 
     // Pieces 0.5 s apart, longer than both limits: the client waits on its own input, not on the API.
     const slow = await client.createBatch({ op: 'encrypt', key: 'slow' }, async function* () {
