@@ -17,10 +17,10 @@ import {
 import type { KeyType } from '../shared/crypto/key-ring.js';
 import { MAX_TIMER_MS } from '../shared/timers.js';
 import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
-import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError } from './errors.js';
+import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError, sendAgainWith } from './errors.js';
 import { delay, GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
-import { AttemptLimits, limitedBody, type Limits } from './time-limits.js';
+import { AttemptLimits, limitedBody, type AttemptOf, type Limits } from './time-limits.js';
 
 export interface ClientOptions {
   /** The API's base URL, e.g. `http://127.0.0.1:8080`. */
@@ -36,8 +36,11 @@ export interface ClientOptions {
   /**
    * How long a call waits for the API to begin its answer, in ms (default 30 s): from the
    * request being sent (an upload: from its last piece) to the answer's status and headers. A
-   * call past it fails with a KeyfleetTimeoutError naming the call and the limit, and is not sent
-   * again: one that changes something (a rotation) may have been done, and its message says so.
+   * call past it fails with a KeyfleetTimeoutError naming the call and the limit; one that
+   * changes something (a rotation, a batch) may have been done, and its message says so. It is
+   * not sent again, unless it carries an Idempotency-Key (an upload, a crypto call in mode async
+   * or with `idempotencyKey`, a key creation): that one is, with the same key, within
+   * `retry.attempts`, and the last attempt's error names the key.
    */
   readonly timeoutMs?: number;
   /**
@@ -136,7 +139,7 @@ export class KeyfleetClient {
     // Repeatable: the API answers 200 for a key that exists with the same type. The key of its
     // own, the same on every retry, has a retry after a lost 201 get that 201 again: without
     // it, the retry would find the key it made and say `created: false`.
-    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body, { repeatable: true, headers: { 'idempotency-key': randomUUID() } });
+    const res = await this.#send('POST', `/v1/keys/${encodeURIComponent(name)}`, body, { repeatable: true, idempotencyKey: randomUUID() });
     return { ...(await this.#json(res, keyInfo)), created: res.status === 201 };
   }
 
@@ -213,8 +216,8 @@ export class KeyfleetClient {
   async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted> {
     const { op, key, encoding, callbackUrl, context, targetKey } = request;
     const query = new URLSearchParams({ op, key, ...(encoding ? { encoding } : {}), ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) });
-    const headers: Record<string, string> = { 'content-type': 'application/x-ndjson', 'idempotency-key': request.idempotencyKey ?? randomUUID() };
-    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers, stream: body, repeatable: true, ...(request.signal ? { signal: request.signal } : {}) });
+    const idempotencyKey = request.idempotencyKey ?? randomUUID();
+    const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers: { 'content-type': 'application/x-ndjson' }, idempotencyKey, stream: body, repeatable: true, ...(request.signal ? { signal: request.signal } : {}) });
     return this.#json(res, batchAccepted, 202);
   }
 
@@ -306,7 +309,7 @@ export class KeyfleetClient {
   }
 
   async ready(): Promise<boolean> {
-    return (await this.#attempt('GET', '/readyz', { method: 'GET' }, false)).ok;
+    return (await this.#attempt('GET', '/readyz', { method: 'GET' }, { changes: false, retry: false })).ok;
   }
 
   // ---- plumbing -------------------------------------------------------------------------
@@ -320,7 +323,7 @@ export class KeyfleetClient {
     const repeatable = retryKey !== undefined || options.mode === 'sync';
     // Only a call that may become a batch changes something: one in mode sync answers and is gone.
     const changes = options.mode !== 'sync';
-    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, changes, ...(retryKey ? { headers: { 'idempotency-key': retryKey } } : {}), ...(signal ? { signal } : {}) });
+    const res = await this.#send('POST', `/v1/${op}/${encodeURIComponent(key)}`, { items, ...rest }, { repeatable, changes, ...(retryKey ? { idempotencyKey: retryKey } : {}), ...(signal ? { signal } : {}) });
     if (res.status === 202) return { kind: 'batch', ...(await this.#json(res, batchAccepted, 202)) };
     return { kind: 'results', ...(await this.#json(res, cryptoResponse)) };
   }
@@ -330,29 +333,35 @@ export class KeyfleetClient {
    * caller says so (`repeatable`: the API does it once however often it is sent), else a 503 is
    * retried only when the API itself says nothing was done (withRetries). Whether it is
    * repeatable or not, a call that `changes` something (any but a GET, unless the caller says
-   * otherwise) may have been done once sent, and a timeout's message says so.
+   * otherwise) may have been done once sent, and a timeout's message says so. A call with an
+   * `idempotencyKey` is also sent again after a timeout, with the same key: its body can be (a
+   * JSON string, or a stream's factory). If its attempts run out, the caller may not know that
+   * key (the client's own), so the error names it.
    */
-  #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean; changes?: boolean } = {}): Promise<Response> {
-    const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers };
+  async #send(method: string, path: string, json?: unknown, extra: { headers?: Record<string, string>; idempotencyKey?: string; stream?: BodySource; signal?: AbortSignal; repeatable?: boolean; changes?: boolean } = {}): Promise<Response> {
+    const { idempotencyKey } = extra;
+    const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers, ...(idempotencyKey === undefined ? {} : { 'idempotency-key': idempotencyKey }) };
     const repeatable = method === 'GET' || extra.repeatable === true;
     const changes = extra.changes ?? method !== 'GET';
-    const attempt = (): Promise<Response> => {
+    const attempt = (n: number): Promise<Response> => {
       const init: RequestInit & { duplex?: 'half' } = { method, headers };
       if (json !== undefined) init.body = JSON.stringify(json);
-      return this.#attempt(method, path, init, changes, extra.stream, extra.signal);
+      return this.#attempt(method, path, init, { changes, idempotencyKey, retry: n > 1 }, extra.stream, extra.signal);
     };
-    return withRetries(attempt, this.#retry, { repeatable, ...(extra.signal ? { signal: extra.signal } : {}) });
+    const res = await withRetries(attempt, this.#retry, { repeatable, idempotent: idempotencyKey !== undefined, ...(extra.signal ? { signal: extra.signal } : {}) });
+    // Still running when the attempts ran out (KF_IDEMPOTENCY_IN_PROGRESS), or any other 409.
+    if (idempotencyKey !== undefined && res.status === 409) throw await apiError(res, idempotencyKey);
+    return res;
   }
 
   /**
    * One request under the client's time limits (AttemptLimits): the answer must begin within
    * timeoutMs of the request (of an upload's last piece), an upload's pieces must be taken and
-   * the answer's come within idleTimeoutMs each. `changes`: the call changes something, and once
-   * sent the API may have done it.
+   * the answer's come within idleTimeoutMs each. `of`: what a timeout says of the call.
    */
-  async #attempt(method: string, path: string, init: RequestInit & { duplex?: 'half' }, changes: boolean, stream?: BodySource, signal?: AbortSignal): Promise<Response> {
+  async #attempt(method: string, path: string, init: RequestInit & { duplex?: 'half' }, of: AttemptOf, stream?: BodySource, signal?: AbortSignal): Promise<Response> {
     // The call as messages name it: without the query, which can carry a context.
-    const limits = new AttemptLimits(this.url, `${method} ${path.replace(/\?.*$/, '')}`, this.#limits, changes, signal);
+    const limits = new AttemptLimits(this.url, `${method} ${path.replace(/\?.*$/, '')}`, this.#limits, of, signal);
     let sourceError: unknown;
     if (stream) {
       init.body = toStream(stream(), (err) => (sourceError = err), limits);
@@ -385,11 +394,13 @@ function limitOption(name: string, ms: unknown): number {
   throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_TIMER_MS}, got ${String(ms)}`);
 }
 
-async function apiError(res: Response): Promise<KeyfleetApiError> {
+/** The API's error answer. One saying that a keyed call still runs (KF_IDEMPOTENCY_IN_PROGRESS) names the key that gets its answer. */
+async function apiError(res: Response, idempotencyKey?: string): Promise<KeyfleetApiError> {
   const text = await res.text().catch(() => '');
   try {
     const { error } = JSON.parse(text) as { error: { code: string; message: string } };
-    return new KeyfleetApiError(res.status, error.code, error.message);
+    const advice = idempotencyKey !== undefined && error.code === 'KF_IDEMPOTENCY_IN_PROGRESS' ? ` (${sendAgainWith(idempotencyKey)})` : '';
+    return new KeyfleetApiError(res.status, error.code, error.message + advice);
   } catch {
     return new KeyfleetApiError(res.status, 'KF_UNEXPECTED_ANSWER', text.slice(0, 200) || res.statusText);
   }

@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ErrorCode } from '../shared/errors.js';
+import { KeyfleetTimeoutError } from './errors.js';
 
 export interface RetryOptions {
   /** Attempts in all, the first included (default 5). */
@@ -61,13 +62,23 @@ export const NOTHING_DONE: ReadonlySet<string> = new Set<ErrorCode>(['KF_REDIS_U
  * this attempt of a keyed request while an earlier one with the same Idempotency-Key still
  * runs (sent again after a gateway's 503 that came before the API's answer): waited for, as
  * Retry-After asks, it gives that attempt's answer. A request that failed without an answer (a
- * broken connection, a time limit) is not sent again: it may have been done. `signal` also ends
- * the wait between attempts.
+ * broken connection, a time limit) is not sent again: it may have been done. Except, when it is
+ * `idempotent` (it carries an Idempotency-Key, and `send` makes its body anew), one that timed
+ * out (KeyfleetTimeoutError), sent again like a 503: the API answers the same key with the first
+ * attempt's answer, or 409 KF_IDEMPOTENCY_IN_PROGRESS while that one still runs. `send` is told
+ * which attempt it makes (1 = the first). `signal` also ends the wait between attempts.
  */
-export async function withRetries(send: () => Promise<Response>, options: RetryOptions = {}, { repeatable = true, signal }: { repeatable?: boolean; signal?: AbortSignal } = {}): Promise<Response> {
+export async function withRetries(send: (attempt: number) => Promise<Response>, options: RetryOptions = {}, { repeatable = true, idempotent = false, signal }: { repeatable?: boolean; idempotent?: boolean; signal?: AbortSignal } = {}): Promise<Response> {
   const attempts = options.attempts ?? 5;
   for (let attempt = 1; ; attempt++) {
-    const res = await send();
+    let res: Response;
+    try {
+      res = await send(attempt);
+    } catch (err) {
+      if (!idempotent || !(err instanceof KeyfleetTimeoutError) || attempt >= attempts) throw err;
+      await delay(retryDelayMs(attempt, null, options), signal);
+      continue;
+    }
     if (attempt >= attempts || !(await worthRetrying(res, repeatable))) return res;
     const wait = retryDelayMs(attempt, res.headers.get('retry-after'), options);
     await res.body?.cancel().catch(() => {});

@@ -6,6 +6,16 @@ export interface Limits {
   readonly idleTimeoutMs: number;
 }
 
+/** What a timeout of one attempt says of its call. */
+export interface AttemptOf {
+  /** The call changes something (a rotation, a policy, a batch made): once sent whole, the API may have done it. */
+  readonly changes: boolean;
+  /** The call's Idempotency-Key, if it has one. */
+  readonly idempotencyKey?: string | undefined;
+  /** An earlier attempt of the call was made: the API may have done it even if this one is cut short. */
+  readonly retry: boolean;
+}
+
 /** A limit as its message gives it: 300 ms is `0.3 s`. */
 const inSeconds = (ms: number): string => `${ms / 1000} s`;
 
@@ -24,30 +34,32 @@ export class AttemptLimits {
   readonly #url: string;
   readonly #call: string;
   readonly #limits: Limits;
-  readonly #maybeDone: boolean;
+  readonly #of: AttemptOf;
   readonly #request = new Timer();
   readonly #answer = new Timer();
   #answered = false;
 
-  /** `maybeDone`: the call changes something (a rotation, a policy, a batch made), and a timeout once it is sent says the API may have done it. */
-  constructor(url: string, call: string, limits: Limits, maybeDone: boolean, callerSignal?: AbortSignal) {
+  constructor(url: string, call: string, limits: Limits, of: AttemptOf, callerSignal?: AbortSignal) {
     this.#url = url;
     this.#call = call;
     this.#limits = limits;
-    this.#maybeDone = maybeDone;
+    this.#of = of;
     this.signal = callerSignal ? AbortSignal.any([callerSignal, this.#controller.signal]) : this.#controller.signal;
   }
 
   /** The request is sent (an upload: its last piece is handed over); its answer is awaited. */
   awaitAnswer(): void {
     const ms = this.#limits.timeoutMs;
-    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `no answer from ${this.#url} within ${inSeconds(ms)}${this.#maybeDone ? '; the API may have done it' : ''}`));
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `no answer from ${this.#url} within ${inSeconds(ms)}`, this.#of.changes));
   }
 
-  /** A piece of the upload is handed over, and the API has yet to take it. */
+  /**
+   * A piece of the upload is handed over, and the API has yet to take it. An upload cut short
+   * makes no batch (the API fails it), but an earlier attempt's may have.
+   */
   awaitTaken(): void {
     const ms = this.#limits.idleTimeoutMs;
-    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `${this.#url} took no more of the upload for ${inSeconds(ms)}`));
+    if (!this.#answered) this.#request.arm(ms, () => this.#end(ms, `${this.#url} took no more of the upload for ${inSeconds(ms)}`, this.#of.changes && this.#of.retry));
   }
 
   /**
@@ -67,7 +79,7 @@ export class AttemptLimits {
   /** The reader asks for the answer's next piece. */
   awaitPiece(): void {
     const ms = this.#limits.idleTimeoutMs;
-    this.#answer.arm(ms, () => this.#end(ms, `the answer from ${this.#url} stopped for ${inSeconds(ms)}`));
+    this.#answer.arm(ms, () => this.#end(ms, `the answer from ${this.#url} stopped for ${inSeconds(ms)}`, this.#of.changes));
   }
 
   /** The reader has the answer's piece, or stopped reading: its own time, not the API's. */
@@ -75,8 +87,8 @@ export class AttemptLimits {
     this.#answer.disarm();
   }
 
-  #end(ms: number, message: string): void {
-    this.#controller.abort(new KeyfleetTimeoutError(this.#url, this.#call, ms, `${this.#call}: ${message}`));
+  #end(ms: number, waited: string, maybeDone: boolean): void {
+    this.#controller.abort(new KeyfleetTimeoutError(this.#url, this.#call, ms, waited, { maybeDone, idempotencyKey: this.#of.idempotencyKey }));
   }
 }
 

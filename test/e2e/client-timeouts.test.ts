@@ -70,6 +70,82 @@ describe('the typed client’s time limits', () => {
     expect(requests).toBe(3);
   });
 
+  it('sends a call with an Idempotency-Key again after a timeout, with the same key, and gets the one answer', { timeout: 10_000 }, async () => {
+    const keys: string[] = [];
+    const url = await standIn((req, res) => {
+      keys.push(String(req.headers['idempotency-key']));
+      req.resume().on('end', () => {
+        if (keys.length % 2 === 1) return; // each call's first attempt: read whole, never answered
+        if (req.url!.startsWith('/v1/keys/')) return void res.writeHead(201, { 'content-type': 'application/json' }).end(JSON.stringify({ name: 'k', type: 'aes256-gcm96', convergent: false, latestVersion: 1, minDecryptionVersion: 1, minEncryptionVersion: 1, deletionAllowed: false, autoRotatePeriod: 0, createdAt: 'now' }));
+        res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Once1234Once5678', status: 'queued', total: 2 }));
+      });
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    expect(await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a', 'b'])).toMatchObject({ batchId: 'Once1234Once5678' });
+    expect(await client.createBatchFromNdjson({ op: 'encrypt', key: 'k', idempotencyKey: 'upload-1' }, function* () {
+      yield '"a"\n"b"\n';
+    })).toMatchObject({ batchId: 'Once1234Once5678' });
+    expect(await client.encrypt('k', ['a', 'b'], { mode: 'async' })).toMatchObject({ kind: 'batch', batchId: 'Once1234Once5678' });
+    expect(await client.createKey('k')).toMatchObject({ created: true });
+    expect(keys).toHaveLength(8);
+    for (let call = 0; call < 4; call++) {
+      expect(keys[2 * call]).toMatch(/^[\w-]{8,}$/);
+      expect(keys[2 * call + 1]).toBe(keys[2 * call]);
+    }
+    expect(keys[2]).toBe('upload-1');
+  });
+
+  it('says a call with an Idempotency-Key that timed out at every attempt may have been done, and names the key to send it again with', { timeout: 10_000 }, async () => {
+    const keys: (string | undefined)[] = [];
+    const url = await standIn((req) => {
+      keys.push(req.headers['idempotency-key'] as string | undefined);
+      if (req.url!.includes('key=stalled-second') && keys.length === 2) return void req.pause(); // takes nothing
+      req.resume(); // read, never answered
+    });
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 2, baseDelayMs: 10 } });
+    const upload = await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a', 'b']).catch((e: unknown) => e);
+    expect(keys).toHaveLength(2);
+    expect(keys[1]).toBe(keys[0]);
+    expect(upload).toBeInstanceOf(KeyfleetTimeoutError);
+    expect(upload).toMatchObject({ idempotencyKey: keys[0], maybeDone: true });
+    expect((upload as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s; the API may have done it (send it again with Idempotency-Key ${keys[0]} to get its answer without doing it twice)`);
+
+    keys.length = 0;
+    const given = await client.encrypt('k', ['a'], { idempotencyKey: 'order-7' }).catch((e: unknown) => e);
+    expect(keys).toEqual(['order-7', 'order-7']);
+    expect((given as Error).message).toBe(`POST /v1/encrypt/k: no answer from ${url} within 0.3 s; the API may have done it (send it again with Idempotency-Key order-7 to get its answer without doing it twice)`);
+
+    // Cut short at its second attempt, it says so too: the first was sent whole.
+    keys.length = 0;
+    let uploads = 0;
+    const piece = `${JSON.stringify('LIC-0000-0000-0000-0000-0000-0000')}\n`.repeat(7_000); // 252 KB
+    const stalled = await client.createBatchFromNdjson({ op: 'encrypt', key: 'stalled-second' }, function* () {
+      if (uploads++ === 0) return void (yield piece);
+      for (let n = 0; n < 256; n++) yield piece; // up to 64 MB, made only as it is taken
+    }).catch((e: unknown) => e);
+    expect(keys).toHaveLength(2);
+    expect((stalled as Error).message).toBe(`POST /v1/batches: ${url} took no more of the upload for 0.3 s; the API may have done it (send it again with Idempotency-Key ${keys[0]} to get its answer without doing it twice)`);
+
+    // Without a key, a call that is not safe to repeat is sent once.
+    keys.length = 0;
+    const rotation = await client.rotateKey('k').catch((e: unknown) => e);
+    expect(keys).toEqual([undefined]);
+    expect(rotation).toMatchObject({ idempotencyKey: undefined, maybeDone: true });
+  });
+
+  it('names the Idempotency-Key of a call still running when its attempts ran out (409 KF_IDEMPOTENCY_IN_PROGRESS)', { timeout: 10_000 }, async () => {
+    const keys: string[] = [];
+    const url = await standIn((req, res) => {
+      keys.push(String(req.headers['idempotency-key']));
+      req.resume().on('end', () => res.writeHead(409, { 'retry-after': '1', 'content-type': 'application/json' }).end('{"error":{"code":"KF_IDEMPOTENCY_IN_PROGRESS","message":"a request with this Idempotency-Key is still in progress; retry later"}}'));
+    });
+    const client = new KeyfleetClient({ url, token: 't', retry: { attempts: 2, maxDelayMs: 10 } });
+    const running = await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a']).catch((e: unknown) => e);
+    expect(keys).toHaveLength(2);
+    expect(running).toMatchObject({ status: 409, code: 'KF_IDEMPOTENCY_IN_PROGRESS' });
+    expect((running as Error).message).toBe(`KF_IDEMPOTENCY_IN_PROGRESS (HTTP 409): a request with this Idempotency-Key is still in progress; retry later (send it again with Idempotency-Key ${keys[0]} to get its answer without doing it twice)`);
+  });
+
   it('refuses a time limit that is not a positive number of milliseconds, naming the option', () => {
     for (const timeoutMs of [0, -1, Number.NaN, 2 ** 31]) {
       expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', timeoutMs })).toThrow(/^keyfleet client: timeoutMs must be/);
@@ -131,17 +207,20 @@ describe('the typed client’s time limits', () => {
         if (req.url!.includes('key=slow')) res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Slow1234Slow5678', status: 'queued', total: 3 }));
       }); // key=unanswered: read to the end, never answered
     });
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300 });
+    // One attempt: an upload's key would have it sent again after a timeout.
+    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 1 } });
     const piece = `${JSON.stringify('LIC-0000-0000-0000-0000-0000-0000')}\n`.repeat(7_000); // 252 KB
     const stalled = await client.createBatchFromNdjson({ op: 'encrypt', key: 'stalled' }, function* () {
       for (let n = 0; n < 256; n++) yield piece; // up to 64 MB, made only as it is taken
     }).catch((e: unknown) => e);
     expect(stalled).toBeInstanceOf(KeyfleetTimeoutError);
+    // Cut short, at its first attempt: the API makes no batch of it.
     expect((stalled as Error).message).toBe(`POST /v1/batches: ${url} took no more of the upload for 0.3 s`);
 
     const unanswered = await client.createBatch({ op: 'encrypt', key: 'unanswered' }, () => ['a', 'b']).catch((e: unknown) => e);
-    // Sent whole: the API may have made the batch.
-    expect((unanswered as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s; the API may have done it`);
+    // Sent whole: the API may have made the batch, and the key of the client's own gets it.
+    const { idempotencyKey } = unanswered as KeyfleetTimeoutError;
+    expect((unanswered as Error).message).toBe(`POST /v1/batches: no answer from ${url} within 0.3 s; the API may have done it (send it again with Idempotency-Key ${idempotencyKey} to get its answer without doing it twice)`);
 
     // Pieces 0.5 s apart, longer than both limits: the client waits on its own input, not on the API.
     const slow = await client.createBatch({ op: 'encrypt', key: 'slow' }, async function* () {
