@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { createWriteStream, statSync, unlinkSync, type WriteStream } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
@@ -5,6 +6,7 @@ import { finished } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
+import { KeyfleetApiError, KeyfleetTimeoutError } from './errors.js';
 import { LineMap, NotUtf8Error, readLines, resumePoint } from './lines.js';
 import { Progress } from './progress.js';
 import { GATEWAY_ANSWERS } from './retry.js';
@@ -19,6 +21,7 @@ export interface BulkOptions {
   readonly encoding?: 'utf8' | 'base64';
   /** Skip the upload: wait for this batch and download its results (appending to `out`). */
   readonly resume?: string;
+  /** The upload's Idempotency-Key; without one, a key of its own, named in the messages that need it. */
   readonly idempotencyKey?: string;
   readonly callbackUrl?: string;
   readonly context?: string;
@@ -27,6 +30,12 @@ export interface BulkOptions {
   readonly log: (line: string) => void;
   /** Told the batch's id once the service accepts the upload (not called with `resume`). */
   readonly onAccepted?: (batchId: string) => void;
+  /**
+   * Told the upload's Idempotency-Key once an upload has been handed over whole: from then on
+   * the service may make the batch, whatever becomes of its answer, and only that key gets the
+   * same batch rather than a second one.
+   */
+  readonly onSentWhole?: (idempotencyKey: string) => void;
   readonly interactive?: boolean;
 }
 
@@ -86,21 +95,29 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     let uploads = 0;
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
     const started = Date.now();
+    // The CLI's own key, unless given one: the client would make one too, but the user needs to
+    // know it to run the command again without making a second batch.
+    const idempotencyKey = options.idempotencyKey ?? randomUUID();
+    const sameBatch = `run the same command again with --idempotency-key ${idempotencyKey} to get it rather than a second one`;
     const accepted = await stoppedAfter(upload, client.createBatchFromNdjson(
       {
-        op, key,
+        op, key, idempotencyKey,
         ...(options.encoding ? { encoding: options.encoding } : {}),
-        ...(options.idempotencyKey ? { idempotencyKey: options.idempotencyKey } : {}),
         ...(options.callbackUrl ? { callbackUrl: options.callbackUrl } : {}),
         ...(options.context !== undefined ? { context: options.context } : {}),
         ...(options.targetKey ? { targetKey: options.targetKey } : {}),
       },
       () => {
-        // The service asked for the upload again (429, 503): a pipe cannot be read twice.
-        if (uploads++ > 0 && !file.isFile()) throw new Error(`the upload must be sent again, and ${input} is not a file that can be read twice: save the input to a file and run again`);
-        return ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started));
+        // The upload must be sent again (a 429 or 503, a timeout): a pipe cannot be read twice.
+        if (uploads++ > 0 && !file.isFile()) throw new Error(`the upload must be sent again, and ${input} is not a file that can be read twice: save the input to a file and run again with --idempotency-key ${idempotencyKey} (the service may have made the batch of the first upload; the key gets that one rather than a second)`);
+        return wholeThen(ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started)), () => options.onSentWhole?.(idempotencyKey));
       },
-    ));
+    )).catch((err: unknown) => {
+      // The service may have made the batch and its answer was lost: only the key gets that one.
+      if (err instanceof KeyfleetTimeoutError && err.maybeDone) throw new Error(`${err.call}: ${err.waited}; the service may have made the batch: ${sameBatch}`, { cause: err });
+      if (err instanceof KeyfleetApiError && err.code === 'KF_IDEMPOTENCY_IN_PROGRESS') throw new Error(`the service still takes in the upload sent before (KF_IDEMPOTENCY_IN_PROGRESS) and may make the batch: ${sameBatch}`, { cause: err });
+      throw err;
+    });
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
@@ -130,6 +147,12 @@ async function stoppedAfter<T>(bar: Progress, work: Promise<T>): Promise<T> {
   } finally {
     bar.stop();
   }
+}
+
+/** `pieces`, then `whole()` once the last has been taken. */
+async function* wholeThen<T>(pieces: AsyncIterable<T>, whole: () => void): AsyncGenerator<T> {
+  yield* pieces;
+  whole();
 }
 
 /**

@@ -58,7 +58,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .option('--ndjson', 'input and output lines are JSON strings', false)
     .addOption(new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
     .option('--resume <batchId>', 'pick up an earlier batch: wait for it and download the rest of its results into --out')
-    .option('--idempotency-key <key>', 'makes a retried upload return the same batch instead of a second one')
+    .option('--idempotency-key <key>', 'makes a retried upload return the same batch instead of a second one (without it, the upload gets a key of its own, named when a run must be repeated with it)')
     .option('--callback-url <url>', 'the service POSTs the final status here, signed')
     .option('--context <context>', 'bound into every item (decrypt and rewrap need the same)')
 
@@ -67,14 +67,18 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
       const client = clientOf(command);
       // Ctrl-C during the upload leaves nothing to resume: the service fails a cut-short upload.
+      // One sent whole may have been made into a batch, answer or not: its key gets that one.
       let batchId = opts.resume;
+      let sentWith: string | undefined;
       process.once('SIGINT', () => {
         Progress.stopAll();
-        log(batchId ? `\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume ${batchId})` : '\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
+        if (batchId) log(`\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume ${batchId})`);
+        else if (sentWith) log(`\nkeyfleet: interrupted before the service answered the upload; it may have made the batch: run the same command again with --idempotency-key ${sentWith} to get it rather than a second one`);
+        else log('\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
         process.exit(EXIT.interrupted);
       });
       const started = Date.now();
-      const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id) });
+      const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key) });
       const elapsedSeconds = (Date.now() - started) / 1000;
       log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
       process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;

@@ -58,7 +58,7 @@ export class KeyfleetTimeoutError extends KeyfleetConnectionError {
   }
 }
 
-/** How a call the API may have done, or still does, gets its answer: the key is a random id, not a secret. */
+/** How a call the API may have done, or still does, gets its answer. The key may be shown: the client's own is a random id, not a secret. */
 export const sendAgainWith = (idempotencyKey: string): string => `send it again with Idempotency-Key ${idempotencyKey} to get its answer without doing it twice`;
 
 /** ECONNREFUSED, ENOTFOUND and the like; undici's own codes say less than its messages ("other side closed"). */

@@ -61,16 +61,21 @@ describe('the keyfleet CLI', () => {
     expect(file(decrypt, '--out')).not.toBe(file(encrypt, '--in'));
   });
 
-  it('on Ctrl-C names the batch to resume, or says that no batch was made, and exits 130', async () => {
+  it('on Ctrl-C names the batch to resume, or the key that gets a batch the service may have made, or says that no batch was made, and exits 130', async () => {
     // A stand-in API that never gets done, so Ctrl-C surely comes during the upload, or while the batch runs.
     let acceptUploads = false;
     let awaited: { request: RegExp; seen: () => void } | undefined;
+    const keys: string[] = [];
     const server: Server = createServer((req, res) => {
       if (req.method === 'POST' && acceptUploads) {
         req.resume().on('end', () => res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Ab12Cd34Ef56Gh78', status: 'queued', total: 2 })));
       } else if (req.url?.endsWith('/events')) {
         res.writeHead(200, { 'content-type': 'text/event-stream' }).flushHeaders();
-      } // else an upload left unanswered
+      } else if (!req.url?.includes('key=unread')) {
+        // An upload read to its end, never answered: seen as `… whole`.
+        keys.push(String(req.headers['idempotency-key']));
+        req.resume().on('end', () => awaited?.request.test(`${req.method} ${req.url} whole`) && awaited.seen());
+      } // else an upload never read
       if (awaited?.request.test(`${req.method} ${req.url}`)) awaited.seen();
     });
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
@@ -85,13 +90,22 @@ describe('the keyfleet CLI', () => {
       return run;
     };
     try {
-      writeFileSync(path('two.txt'), 'a\nb\n');
-      const encrypt = ['encrypt', '--key', 'serials', '--in', 'two.txt', '--out', 'two.enc'];
-      const uploading = await interruptAfter(/^POST \/v1\/batches\?/, encrypt);
+      // An upload cut short (32 MB, not read: more than the connection holds) makes no batch.
+      writeFileSync(path('big.txt'), `${'x'.repeat(39)}\n`.repeat(800_000));
+      const uploading = await interruptAfter(/^POST \/v1\/batches\?/, ['encrypt', '--key', 'unread', '--in', 'big.txt', '--out', 'big.enc']);
       expect(uploading.code).toBe(130);
       expect(uploading.stderr).toContain('keyfleet: interrupted before the service accepted the upload; no batch was made\n');
       expect(uploading.stderr).not.toContain('--resume');
-      expect(existsSync(path('two.enc'))).toBe(false); // made for the run, nothing written: gone again
+      expect(existsSync(path('big.enc'))).toBe(false); // made for the run, nothing written: gone again
+
+      // An upload sent whole may have been made into a batch, answer or not: its key gets that one.
+      writeFileSync(path('two.txt'), 'a\nb\n');
+      const encrypt = ['encrypt', '--key', 'serials', '--in', 'two.txt', '--out', 'two.enc'];
+      const unanswered = await interruptAfter(/^POST \/v1\/batches\?.* whole$/, encrypt);
+      expect(unanswered.code).toBe(130);
+      expect(keys).toHaveLength(1);
+      expect(unanswered.stderr).toContain(`keyfleet: interrupted before the service answered the upload; it may have made the batch: run the same command again with --idempotency-key ${keys[0]} to get it rather than a second one\n`);
+      expect(unanswered.stderr).not.toContain('no batch was made');
 
       acceptUploads = true;
       const running = await interruptAfter(/^GET \/v1\/batches\/Ab12Cd34Ef56Gh78\/events$/, encrypt);

@@ -1,5 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { closeSync, constants, existsSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
@@ -299,6 +301,44 @@ describe('the CLI’s --timeout', () => {
     expect(bad.code).toBe(1);
     expect(bad.stderr).toContain('--timeout');
     expect(bad.stderr).toContain('expected a number of seconds > 0');
+  });
+
+  it('tells of an upload that timed out how to get the batch the service may have made, rather than make a second one', { timeout: 30_000 }, async () => {
+    const keys: string[] = [];
+    const url = await standIn((req) => {
+      keys.push(String(req.headers['idempotency-key']));
+      req.resume(); // read, never answered
+    });
+    writeFileSync(join(dir, 'two.txt'), 'a\nb\n');
+    const env = { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' };
+    const encrypt = ['--timeout', '0.3', 'encrypt', '--key', 'k', '--in', 'two.txt', '--out', 'two.enc'];
+    const run = await runCli(encrypt, { cwd: dir, env, timeoutMs: 20_000 });
+    expect(run.code).toBe(1);
+    // Sent again with the same key on every attempt (5), then the key is named.
+    expect(keys).toHaveLength(5);
+    expect(new Set(keys).size).toBe(1);
+    expect(run.stderr, run.stderr).toMatch(new RegExp(`\nkeyfleet: POST /v1/batches: no answer from ${url} within 0\\.3 s; the service may have made the batch: run the same command again with --idempotency-key ${keys[0]} to get it rather than a second one\n$`));
+    expect(existsSync(join(dir, 'two.enc'))).toBe(false);
+
+    // Run so, it sends that key.
+    const named = keys[0]!;
+    keys.length = 0;
+    const again = await runCli([...encrypt, '--idempotency-key', named], { cwd: dir, env, timeoutMs: 20_000 });
+    expect(new Set(keys)).toEqual(new Set([named]));
+    expect(again.stderr).toContain(`run the same command again with --idempotency-key ${named} to get it rather than a second one`);
+
+    // An input that cannot be read twice (a named pipe) cannot be sent again: the message still names the key.
+    keys.length = 0;
+    const fifo = join(dir, 'input.fifo');
+    execFileSync('mkfifo', [fifo]);
+    const feeding = writeFile(fifo, 'a\nb\n'); // once the CLI opens it
+    const piped = await runCli(['--timeout', '0.3', 'encrypt', '--key', 'k', '--in', 'input.fifo', '--out', 'piped.enc'], { cwd: dir, env, timeoutMs: 20_000 });
+    // Had the CLI not opened it, the writer would wait for ever: a reader of our own lets it go.
+    closeSync(openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK));
+    await feeding.catch(() => {});
+    expect(piped.code).toBe(1);
+    expect(keys, piped.stderr).toHaveLength(1);
+    expect(piped.stderr).toContain(`save the input to a file and run again with --idempotency-key ${keys[0]}`);
   });
 
   it('reads an empty or blank KEYFLEET_TIMEOUT as unset, as the service reads its own variables', { timeout: 15_000 }, async () => {
