@@ -29,8 +29,9 @@ export interface ClientOptions {
   readonly token: string;
   /**
    * Retries of 429 and 503 answers (Retry-After honoured; a 503 of a call not safe to repeat only
-   * when the API says nothing was done), and of 409 KF_IDEMPOTENCY_IN_PROGRESS (a retry that
-   * found the first attempt still running waits for its answer).
+   * when the API says nothing was done), of 409 KF_IDEMPOTENCY_IN_PROGRESS (a retry that found
+   * the first attempt still running waits for its answer), and of a call with an Idempotency-Key
+   * that timed out (timeoutMs, idleTimeoutMs), with the same key.
    */
   readonly retry?: RetryOptions;
   /**
