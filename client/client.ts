@@ -350,7 +350,7 @@ export class KeyfleetClient {
       return this.#attempt(method, path, init, { changes, idempotencyKey, retry: n > 1 }, extra.stream, extra.signal);
     };
     const res = await withRetries(attempt, this.#retry, { repeatable, idempotent: idempotencyKey !== undefined, ...(extra.signal ? { signal: extra.signal } : {}) });
-    // Still running when the attempts ran out (KF_IDEMPOTENCY_IN_PROGRESS), or any other 409.
+    // A 409 is an error to every caller; one saying that the first attempt still runs names the key.
     if (idempotencyKey !== undefined && res.status === 409) throw await apiError(res, idempotencyKey);
     return res;
   }

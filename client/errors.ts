@@ -37,7 +37,7 @@ export class KeyfleetConnectionError extends Error {
  */
 export class KeyfleetTimeoutError extends KeyfleetConnectionError {
   override name = 'KeyfleetTimeoutError';
-  /** The call was sent whole (or an earlier attempt was) and changes something: the API may have done it. */
+  /** The call changes something, and the API may have done it: it was sent whole or answered, or an earlier attempt was sent. */
   readonly maybeDone: boolean;
   /** The call's Idempotency-Key (the caller's, or the client's own): the same call sent again with it gets the first one's answer, and is not done twice. */
   readonly idempotencyKey: string | undefined;
