@@ -98,7 +98,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     // The CLI's own key, unless given one: the client would make one too, but the user needs to
     // know it to run the command again without making a second batch.
     const idempotencyKey = options.idempotencyKey ?? randomUUID();
-    const sameBatch = `run the same command again with --idempotency-key ${idempotencyKey} to get it rather than a second one`;
+    const sameBatch = rerunWith(idempotencyKey);
     const accepted = await stoppedAfter(upload, client.createBatchFromNdjson(
       {
         op, key, idempotencyKey,
@@ -148,6 +148,9 @@ async function stoppedAfter<T>(bar: Progress, work: Promise<T>): Promise<T> {
     bar.stop();
   }
 }
+
+/** What the CLI tells of an upload the service may have made into a batch: how to get that one. */
+export const rerunWith = (idempotencyKey: string): string => `run the same command again with --idempotency-key ${idempotencyKey} to get it rather than a second one`;
 
 /** `pieces`, then `whole()` once the last has been taken. */
 async function* wholeThen<T>(pieces: AsyncIterable<T>, whole: () => void): AsyncGenerator<T> {

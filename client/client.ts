@@ -344,9 +344,10 @@ export class KeyfleetClient {
     const headers: Record<string, string> = { authorization: `Bearer ${this.#token}`, ...(json === undefined ? {} : { 'content-type': 'application/json' }), ...extra.headers, ...(idempotencyKey === undefined ? {} : { 'idempotency-key': idempotencyKey }) };
     const repeatable = method === 'GET' || extra.repeatable === true;
     const changes = extra.changes ?? method !== 'GET';
+    const body = json === undefined ? undefined : JSON.stringify(json); // once, however often it is sent
     const attempt = (n: number): Promise<Response> => {
       const init: RequestInit & { duplex?: 'half' } = { method, headers };
-      if (json !== undefined) init.body = JSON.stringify(json);
+      if (body !== undefined) init.body = body;
       return this.#attempt(method, path, init, { changes, idempotencyKey, retry: n > 1 }, extra.stream, extra.signal);
     };
     const res = await withRetries(attempt, this.#retry, { repeatable, idempotent: idempotencyKey !== undefined, ...(extra.signal ? { signal: extra.signal } : {}) });
