@@ -88,6 +88,9 @@ function connect(target: RedisTarget, role: RedisRole['role']): Redis {
   const failFast = role === 'api' || role === 'tool';
   const options: RedisOptions = {
     connectionName: `keyfleet-${role}`,
+    // ioredis 6 speaks RESP3 unless told otherwise. keyfleet needs nothing RESP3 adds, and RESP2
+    // keeps the replies of its scripts and of BullMQ's, and pub/sub, what they have always been.
+    protocol: 2,
     maxRetriesPerRequest: failFast ? 2 : null,
     ...(failFast ? { commandTimeout: API_COMMAND_TIMEOUT_MS } : {}),
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),

@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApp } from '../../producer/app.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { Client } from '../helpers/client.js';
@@ -227,6 +227,22 @@ describe('batches', () => {
     });
     expect(res.status).toBe(202);
     expect(((await res.json()) as any).total).toBe(2);
+  });
+
+  it('speaks RESP2 on every connection of the API and the worker, BullMQ’s too', async () => {
+    // ioredis 6 speaks RESP3 unless told otherwise; keyfleet’s scripts and pub/sub are RESP2’s.
+    // Every connection the service opens is named (keyfleet-<role>, BullMQ’s by its queue); the
+    // test’s own clients are not. The worker’s BullMQ connections may still be coming up.
+    const named = await vi.waitFor(async () => {
+      const clients = String(await app.services.redis.client('LIST'))
+        .split('\n')
+        .filter((line) => / name=\S/.test(line))
+        .map((line) => ({ name: / name=(\S+)/.exec(line)![1]!, resp: / resp=(\d)/.exec(line)?.[1] }));
+      expect(clients.map((c) => c.name)).toEqual(expect.arrayContaining(['keyfleet-api', 'keyfleet-worker', 'keyfleet-subscriber']));
+      expect(clients.filter((c) => !c.name.startsWith('keyfleet-')).length).toBeGreaterThan(0);
+      return clients;
+    }, { timeout: 10_000, interval: 100 });
+    expect(named.filter((c) => c.resp !== '2')).toEqual([]);
   });
 
   it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {
