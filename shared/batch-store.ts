@@ -1,8 +1,9 @@
-import type { ChainableCommander } from 'ioredis';
+import { Command, type ChainableCommander } from 'ioredis';
 import { randomBytes } from 'node:crypto';
 import type { AtRestSealer } from './at-rest.js';
 import { defineBatchScripts } from './batch-scripts.js';
 import { CATALOGUE, KeyfleetError, type ErrorCode } from './errors.js';
+import { Handover } from './handover.js';
 import type { Encoding } from './crypto/items.js';
 import type { Redis, RedisKeys } from './redis.js';
 import type { BatchOp, BatchStatus, BatchStatusBody } from './schemas.js';
@@ -234,8 +235,14 @@ export class BatchStore {
 
   /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */
   async readResults(id: string, chunk: number): Promise<Buffer | null> {
-    const sealed = await this.#redis.getBuffer(this.#keys.batchResult(id, chunk));
-    return sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed);
+    return (await this.handOverResults(id, chunk)).take();
+  }
+
+  /** `readResults` for a reader that reads ahead: neither its promise nor ioredis's keeps the results once taken. */
+  async handOverResults(id: string, chunk: number): Promise<Handover<Buffer | null>> {
+    const reply = (await this.#redis.sendCommand(new HandedOverGet(this.#keys.batchResult(id, chunk)))) as Handover<Buffer | null>;
+    const sealed = reply.take();
+    return new Handover(sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed));
   }
 
   async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; results: Buffer }): Promise<ChunkCompletion> {
@@ -358,6 +365,17 @@ export function publicStatus(record: BatchRecord): BatchStatusBody {
 }
 
 /** Runs a pipeline of a payload write and a script; the script's answer, or the first error. */
+/** A GET whose reply, a Buffer or null, comes in a Handover (ioredis resolves the command's promise with it). */
+class HandedOverGet extends Command {
+  constructor(key: string) {
+    super('get', [key]);
+  }
+
+  override transformReply(reply: Buffer | Buffer[]): never {
+    return new Handover(reply) as never;
+  }
+}
+
 async function pipelined(pipeline: ChainableCommander): Promise<unknown> {
   const results = (await pipeline.exec()) ?? [];
   for (const [err] of results) if (err) throw err;

@@ -6,6 +6,7 @@ import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } fro
 import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
+import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
@@ -89,7 +90,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const first = start ? await batches.readResults(batch.id, start.chunk) : null;
     if (start && !first) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, first!, formatter) : [], { objectMode: false }));
+    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, new Handover(first!), formatter) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
@@ -174,20 +175,21 @@ function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk
  * Result lines chunk by chunk in input order from `start` on (its chunk's results already read),
  * reading the next chunk while the current one is formatted and sent.
  */
-async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, start: { chunk: number; skip: number }, first: Buffer, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, start: { chunk: number; skip: number }, first: Handover<Buffer>, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks } = batch;
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
-  const readAhead = (chunk: number): Promise<Buffer | null> | undefined => {
+  // Its results come in a handover, so that the promises around it do not keep them (shared/handover.ts).
+  const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
-    const read = batches.readResults(id, chunk);
+    const read = batches.handOverResults(id, chunk);
     read.catch(() => {});
     return read;
   };
-  let next: Promise<Buffer | null> | undefined = Promise.resolve(first);
+  let next: Promise<Handover<Buffer | null>> | undefined = Promise.resolve(first);
   let skip = start.skip;
   for (let chunk = start.chunk; chunk < chunks; chunk++) {
-    const current = await next!;
+    const current = (await next!).take();
     next = readAhead(chunk + 1);
     if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
     yield* resultLines(current, layout.firstIndex(chunk), skip, formatter);
