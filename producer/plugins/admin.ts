@@ -1,8 +1,5 @@
-import { createBullBoard } from '@bull-board/api';
-import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
-import { FastifyAdapter } from '@bull-board/fastify';
 import helmet from '@fastify/helmet';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { KeyfleetError } from '../../shared/errors.js';
 import { deny, hasScope } from './auth.js';
 
@@ -12,9 +9,13 @@ export const ADMIN_PATH = '/admin/queues';
  * Bull Board at /admin/queues for `admin` tokens only. A browser signs in with HTTP Basic (any
  * user name, the token as password). Jobs show batch ids and chunk numbers, never items: chunk
  * inputs live in Redis hashes that the board does not read.
+ *
+ * The board is loaded on its first request, not at start: its modules (lodash, its templates and
+ * static-file serving among them) took 5–9 MB of every API replica's memory at rest, for a page
+ * an operator opens now and then (bench/NOTES.md, API peak RSS). Its first page takes a moment longer.
  */
 export async function adminRoutes(app: FastifyInstance): Promise<void> {
-  // Every route in this encapsulated context, Bull Board's own included, needs the admin scope.
+  // Every route in this encapsulated context (the board's, handed on below) needs the admin scope.
   app.addHook('onRequest', async (request, reply) => {
     if (!request.principal || !hasScope(request.principal, 'admin')) {
       return deny(reply, new KeyfleetError('KF_FORBIDDEN', 'the token lacks the admin scope'));
@@ -43,15 +44,37 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
     reply.header('cache-control', 'no-store');
   });
 
-  const serverAdapter = new FastifyAdapter();
-  serverAdapter.setBasePath(ADMIN_PATH);
-  createBullBoard({
-    queues: [
-      new BullMQAdapter(app.services.queue, { description: 'chunks of keyfleet batches' }),
-      new BullMQAdapter(app.services.webhookQueue, { description: 'webhook deliveries, one job per batch (retries and give-ups show here)' }),
-    ],
-    serverAdapter,
-    options: { uiConfig: { boardTitle: 'keyfleet' } },
-  });
-  await app.register(serverAdapter.registerPlugin(), { prefix: ADMIN_PATH });
+  // Bodies go to the board as they came: it parses its own.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, body, done) => done(null, body));
+
+  let board: Promise<FastifyInstance> | undefined;
+  app.addHook('onClose', async () => (await board?.catch(() => undefined))?.close());
+  const handler = async (request: FastifyRequest, reply: FastifyReply) => {
+    board ??= import('./bull-board.js')
+      .then(({ buildBoard }) => buildBoard(ADMIN_PATH, { chunks: app.services.queue, webhooks: app.services.webhookQueue }))
+      .catch((err: unknown) => {
+        board = undefined; // the next request tries again
+        throw err;
+      });
+    const answer = await (await board).inject({
+      method: request.method as 'GET',
+      url: request.url,
+      headers: withoutHopByHop(request.headers),
+      ...(Buffer.isBuffer(request.body) ? { payload: request.body } : {}),
+    });
+    return reply.code(answer.statusCode).headers(withoutHopByHop(answer.headers)).send(answer.rawPayload);
+  };
+  app.all(ADMIN_PATH, handler);
+  app.all(`${ADMIN_PATH}/*`, handler);
+}
+
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length']);
+
+function withoutHopByHop<T extends Record<string, unknown>>(headers: T): Record<string, string | string[]> {
+  const kept: Record<string, string | string[]> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value !== undefined && !HOP_BY_HOP.has(name.toLowerCase())) kept[name] = value as string | string[];
+  }
+  return kept;
 }

@@ -245,6 +245,25 @@ describe('batches', () => {
     expect(named.filter((c) => c.resp !== '2')).toEqual([]);
   });
 
+  it('hands Bull Board’s actions on, bodies included: pauses the webhook queue, adds a job to it, resumes it', async () => {
+    // The board is loaded on its first request and answers through the API (plugins/admin.ts).
+    const webhooks = app.services.webhookQueue;
+    const api = `/admin/queues/api/queues/${encodeURIComponent(webhooks.name)}`;
+    expect((await client.json('PUT', `${api}/pause`)).status).toBe(200);
+    try {
+      expect(await webhooks.isPaused()).toBe(true);
+      const added = await client.json('POST', `${api}/add`, { name: 'board-check', data: { from: 'the board' } });
+      expect(added.status).toBe(200);
+      const job = (await webhooks.getJob(added.body.job.id))!;
+      expect([job.name, job.data]).toEqual(['board-check', { from: 'the board' }]);
+      await job.remove();
+    } finally {
+      expect((await client.json('PUT', `${api}/resume`)).status).toBe(200);
+    }
+    expect(await webhooks.isPaused()).toBe(false);
+    expect((await client.json('PUT', '/admin/queues/api/queues/nowhere/pause')).status).toBe(404);
+  });
+
   it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {
     const unknown = await client.uploadNdjson('encrypt', 'no-such-key', ['a']);
     expect(unknown.status).toBe(404);

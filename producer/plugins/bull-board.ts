@@ -1,0 +1,27 @@
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { FastifyAdapter } from '@bull-board/fastify';
+import type { Queue } from 'bullmq';
+import Fastify, { type FastifyInstance } from 'fastify';
+
+/**
+ * Bull Board over the chunk and webhook queues, served by a fastify instance of its own that
+ * listens nowhere: the API hands it each admin request (plugins/admin.ts). Its routes live under
+ * `basePath`, as the pages it renders expect.
+ */
+export async function buildBoard(basePath: string, queues: { chunks: Queue; webhooks: Queue }): Promise<FastifyInstance> {
+  const board = Fastify({ logger: false });
+  const serverAdapter = new FastifyAdapter();
+  serverAdapter.setBasePath(basePath);
+  createBullBoard({
+    queues: [
+      new BullMQAdapter(queues.chunks, { description: 'chunks of keyfleet batches' }),
+      new BullMQAdapter(queues.webhooks, { description: 'webhook deliveries, one job per batch (retries and give-ups show here)' }),
+    ],
+    serverAdapter,
+    options: { uiConfig: { boardTitle: 'keyfleet' } },
+  });
+  await board.register(serverAdapter.registerPlugin(), { prefix: basePath });
+  await board.ready();
+  return board;
+}
