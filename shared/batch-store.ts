@@ -364,7 +364,6 @@ export function publicStatus(record: BatchRecord): BatchStatusBody {
   return body;
 }
 
-/** Runs a pipeline of a payload write and a script; the script's answer, or the first error. */
 /** A GET whose reply, a Buffer or null, comes in a Handover (ioredis resolves the command's promise with it). */
 class HandedOverGet extends Command {
   constructor(key: string) {
@@ -376,6 +375,7 @@ class HandedOverGet extends Command {
   }
 }
 
+/** Runs a pipeline of a payload write and a script; the script's answer, or the first error. */
 async function pipelined(pipeline: ChainableCommander): Promise<unknown> {
   const results = (await pipeline.exec()) ?? [];
   for (const [err] of results) if (err) throw err;

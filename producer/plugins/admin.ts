@@ -52,7 +52,7 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
   app.addHook('onClose', async () => (await board?.catch(() => undefined))?.close());
   const handler = async (request: FastifyRequest, reply: FastifyReply) => {
     board ??= import('./bull-board.js')
-      .then(({ buildBoard }) => buildBoard(ADMIN_PATH, { chunks: app.services.queue, webhooks: app.services.webhookQueue }))
+      .then(({ buildBoard }) => buildBoard(ADMIN_PATH, { chunks: app.services.queue, webhooks: app.services.webhookQueue }, limitsOf(app)))
       .catch((err: unknown) => {
         board = undefined; // the next request tries again
         throw err;
@@ -63,7 +63,10 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
       headers: withoutHopByHop(request.headers),
       ...(Buffer.isBuffer(request.body) ? { payload: request.body } : {}),
     });
-    return reply.code(answer.statusCode).headers(withoutHopByHop(answer.headers)).send(answer.rawPayload);
+    reply.code(answer.statusCode).headers(withoutHopByHop(answer.headers));
+    // A HEAD answer has no body but says how long the GET's would be; a 304 has neither.
+    if (request.method === 'HEAD' && answer.headers['content-length'] !== undefined) reply.header('content-length', answer.headers['content-length']);
+    return answer.rawPayload.length > 0 ? reply.send(answer.rawPayload) : reply.send();
   };
   app.all(ADMIN_PATH, handler);
   app.all(`${ADMIN_PATH}/*`, handler);
@@ -77,4 +80,10 @@ function withoutHopByHop<T extends Record<string, unknown>>(headers: T): Record<
     if (value !== undefined && !HOP_BY_HOP.has(name.toLowerCase())) kept[name] = value as string | string[];
   }
   return kept;
+}
+
+/** The API's own body and path-parameter limits, for the board to answer as the API would have. */
+function limitsOf(app: FastifyInstance): { bodyLimit: number; maxParamLength: number } {
+  const { bodyLimit, routerOptions } = app.initialConfig as { bodyLimit?: number; routerOptions?: { maxParamLength?: number } };
+  return { bodyLimit: bodyLimit ?? 1024 * 1024, maxParamLength: routerOptions?.maxParamLength ?? 100 };
 }

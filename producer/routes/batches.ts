@@ -87,10 +87,11 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     // above is still a 410; one deleted later cuts the download short.
     const layout = await batches.chunkLayout(batch);
     const start = startOf(batch, layout, request.query.from);
-    const first = start ? await batches.readResults(batch.id, start.chunk) : null;
-    if (start && !first) throw new KeyfleetError('KF_BATCH_DELETED');
+    const first = start ? await batches.handOverResults(batch.id, start.chunk) : null;
+    const results = first?.take();
+    if (start && !results) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, new Handover(first!), formatter) : [], { objectMode: false }));
+    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, new Handover(results!), formatter) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
