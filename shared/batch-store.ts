@@ -233,13 +233,11 @@ export class BatchStore {
     throw new KeyfleetError('KF_BATCH_DELETED');
   }
 
-  /** The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired. */
-  async readResults(id: string, chunk: number): Promise<Buffer | null> {
-    return (await this.handOverResults(id, chunk)).take();
-  }
-
-  /** `readResults` for a reader that reads ahead: neither its promise nor ioredis's keeps the results once taken. */
-  async handOverResults(id: string, chunk: number): Promise<Handover<Buffer | null>> {
+  /**
+   * The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired.
+   * Handed over, so that neither this promise nor ioredis's keeps them once taken (a reader that reads ahead).
+   */
+  async readResults(id: string, chunk: number): Promise<Handover<Buffer | null>> {
     const reply = (await this.#redis.sendCommand(new HandedOverGet(this.#keys.batchResult(id, chunk)))) as Handover<Buffer | null>;
     const sealed = reply.take();
     return new Handover(sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed));

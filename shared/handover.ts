@@ -5,7 +5,7 @@
  * young-generation collection or two is in V8's old generation by the time it resolves, and only
  * a full collection frees it, with what it holds. A download that reads the next chunk's results
  * while it sends this one makes such promises (ioredis's for the command, ours around it), and the
- * ~700 KB each held piled up between full collections: 30 MB more API memory per million items
+ * ~700 KB each held piled up between full collections: 22–43 MB more API memory per million items
  * (bench/NOTES.md, API peak RSS). Resolved with a handover the reader empties, they hold nothing.
  */
 export class Handover<T> {

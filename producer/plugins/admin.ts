@@ -11,7 +11,7 @@ export const ADMIN_PATH = '/admin/queues';
  * inputs live in Redis hashes that the board does not read.
  *
  * The board is loaded on its first request, not at start: its modules (lodash, its templates and
- * static-file serving among them) took 5–9 MB of every API replica's memory at rest, for a page
+ * static-file serving among them) took 4–10 MB of every API replica's memory at rest, for a page
  * an operator opens now and then (bench/NOTES.md, API peak RSS). Its first page takes a moment longer.
  */
 export async function adminRoutes(app: FastifyInstance): Promise<void> {

@@ -87,7 +87,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     // above is still a 410; one deleted later cuts the download short.
     const layout = await batches.chunkLayout(batch);
     const start = startOf(batch, layout, request.query.from);
-    const first = start ? await batches.handOverResults(batch.id, start.chunk) : null;
+    const first = start ? await batches.readResults(batch.id, start.chunk) : null;
     const results = first?.take();
     if (start && !results) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
@@ -183,7 +183,7 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: Ch
   // Its results come in a handover, so that the promises around it do not keep them (shared/handover.ts).
   const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
-    const read = batches.handOverResults(id, chunk);
+    const read = batches.readResults(id, chunk);
     read.catch(() => {});
     return read;
   };

@@ -208,7 +208,7 @@ describe('the longest RESULT_TTL_SECONDS', () => {
     for (const key of [own.batch(id), own.batchDone(id), own.batchResult(id, 0), own.batchResult(id, 1)]) {
       expect(await redis.ttl(key)).toBeGreaterThan(longest - 60);
     }
-    expect((await store.readResults(id, 1))?.length).toBeGreaterThan(0);
+    expect((await store.readResults(id, 1)).take()?.length).toBeGreaterThan(0);
 
     // The inputs' lifetime, twice the largest safe integer of seconds, passes what a Redis
     // expiry holds (its end in ms since 1970 within 2^63−1): every upload would fail.

@@ -55,7 +55,7 @@ describe('chunk accounting', () => {
     expect(await store.completeChunk(id, 0, outcome(10, 'first\n'))).toBe('progress');
     expect(await store.completeChunk(id, 0, outcome(10, 'second\n'))).toBe('duplicate');
     expect((await store.get(id))!).toMatchObject({ status: 'running', processed: 10, succeeded: 10 });
-    expect((await store.readResults(id, 0))!.toString()).toBe('first\n');
+    expect((await store.readResults(id, 0)).take()!.toString()).toBe('first\n');
     expect(await store.readInput(id, 0)).toBeNull();
     // The second run's staged lines were dropped, not left behind.
     expect((await redis.keys(`${keys.batch(id)}:out:*`)).sort()).toEqual([keys.batchResult(id, 0)]);
@@ -119,7 +119,7 @@ describe('chunk accounting', () => {
     expect(Buffer.isBuffer(await store.startChunk(id, 0, 10))).toBe(true);
     expect(await store.completeChunk(id, 0, outcome(10, 'again\n'))).toBe('completed');
     expect((await store.get(id))!).toMatchObject({ status: 'completed', processed: 10 });
-    expect((await store.readResults(id, 0))!.toString()).toBe('again\n');
+    expect((await store.readResults(id, 0)).take()!.toString()).toBe('again\n');
   });
 
   it('a run that finishes after its batch completed and was deleted counts nothing and brings no results back', async () => {
