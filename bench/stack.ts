@@ -61,8 +61,8 @@ export async function startStack(env: Record<string, string> = {}, extraApiFlags
     HOST: '127.0.0.1',
     PORT: String(port),
     WORKER_METRICS_PORT: '0',
-    // One tenant stands for many here: the limiter stays on (its Redis round trip is part of
-    // every sync request's cost) with a budget the load generator never reaches.
+    // One tenant stands for many here: the limiter stays on (its counting, and its exchanges
+    // with Redis, are part of every sync request's cost) with a budget the load generator never reaches.
     SYNC_RATE_LIMIT: '1000000',
     ...env,
   };

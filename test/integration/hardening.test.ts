@@ -7,6 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { IdempotencyStore, pendingMs } from '../../producer/idempotency.js';
+import { EXCHANGE_MS } from '../../producer/plugins/rate-limit.js';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { chunkJobId } from '../../shared/queue.js';
 import { RedisKeys } from '../../shared/redis.js';
@@ -429,18 +430,22 @@ describe('backpressure and rate limits', () => {
     expect((await upload(app, other, 'encrypt', ['now fine'])).statusCode).toBe(202);
   });
 
-  it('limits a tenant’s sync requests per second across API replicas (shared in Redis), without touching other tenants', async () => {
+  /** Waits for the next second of the wall clock to begin: the limiter's windows are those seconds. */
+  const nextWindow = (): Promise<void> => sleep(1_000 - (Date.now() % 1_000) + 5);
+
+  it('limits a tenant’s sync requests per second on every API replica, without touching other tenants', async () => {
+    await nextWindow();
     const answers = await Promise.all(
       Array.from({ length: 20 }, (_, i) => call(i % 2 ? replica : app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] })),
     );
     const statuses = answers.map((a) => a.statusCode);
-    // 20 requests in one or two one-second windows of 5: most are refused, whichever replica took them.
+    // 20 at once against a limit of 5: each replica admits at most its 5 before it hears the
+    // other's count (a round trip), and in a window lapsed under a stalled machine at most 5 more.
     expect(statuses.filter((s) => s === 200).length).toBeLessThanOrEqual(10);
     const limited = answers.filter((a) => a.statusCode === 429);
     expect(limited.length).toBeGreaterThanOrEqual(10);
     expect(limited[0]!.json().error.code).toBe('KF_RATE_LIMITED');
     expect(Number(limited[0]!.headers['retry-after'])).toBeGreaterThan(0);
-    // Both replicas refused some: the budget is the tenant's, not a replica's.
     expect(new Set(answers.flatMap((a, i) => (a.statusCode === 429 ? [i % 2] : []))).size).toBe(2);
     expect((await call(app, other, 'POST', '/v1/encrypt/serials', { items: ['x'] })).statusCode).toBe(200);
   });
@@ -452,8 +457,8 @@ describe('backpressure and rate limits', () => {
     // nothing until UPLOAD_IDLE_SECONDS, then 408. A lapsed window (a stalled machine) gets
     // another try.
     for (let attempt = 1; ; attempt++) {
-      await sleep(1_100);
-      for (let i = 0; i < 6; i++) await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] });
+      await nextWindow();
+      for (let i = 0; i < 6; i++) await call(replica, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] });
       const answer = await new Promise<string>((resolve, reject) => {
         const socket = connect(Number(port), '127.0.0.1');
         let text = '';
@@ -470,16 +475,22 @@ describe('backpressure and rate limits', () => {
     }
   });
 
-  it('counts one replica’s requests against another’s, and the three sync routes as one budget', async () => {
-    // All seven requests must fall in one 1 s window; a stalled machine gets another try.
+  it('counts one replica’s requests against another’s once they have exchanged counts, and the three sync routes as one budget', async () => {
+    // Every request must fall in one 1 s window; a stalled machine gets another try.
+    const exchanged = () => sleep(EXCHANGE_MS * 3);
     for (let attempt = 1; ; attempt++) {
-      await sleep(1_100); // the last window lapses; a new one starts with the next request
-      const started = Date.now();
-      for (const op of ['encrypt', 'encrypt', 'encrypt', 'encrypt']) expect((await call(app, admin, 'POST', `/v1/${op}/serials`, { items: ['x'] })).statusCode).toBe(200);
-      const other = await Promise.all(['encrypt', 'decrypt', 'rewrap'].map((op) => call(replica, admin, 'POST', `/v1/${op}/serials`, { items: ['x'] })));
-      if (Date.now() - started > 800 && attempt < 3) continue;
-      // 4 through the other replica + these 3 against a limit of 5: one more passes, two are refused.
-      expect(other.map((a) => a.statusCode).sort()).toEqual([200, 429, 429]);
+      await nextWindow();
+      const window = Math.floor(Date.now() / 1_000);
+      for (let i = 0; i < 4; i++) expect((await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'] })).statusCode).toBe(200);
+      await exchanged(); // the 4 reach Redis
+      // The other replica's first request in the window counts before it has heard them…
+      const first = await call(replica, admin, 'POST', '/v1/decrypt/serials', { items: ['x'] });
+      await exchanged(); // …and its exchange for it hears 5
+      const more = await Promise.all(['encrypt', 'rewrap'].map((op) => call(replica, admin, 'POST', `/v1/${op}/serials`, { items: ['x'] })));
+      if (Math.floor(Date.now() / 1_000) !== window && attempt < 3) continue;
+      expect(first.statusCode).toBe(200);
+      // 4 through one replica + 1 through the other against a limit of 5: the next two are refused.
+      expect(more.map((a) => a.statusCode)).toEqual([429, 429]);
       break;
     }
   });
