@@ -125,7 +125,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
   });
   app.addHook('onRequest', refuseOnClosingConnection);
-  coalesceWrites(app, (err) => app.log.error({ err }, 'a response could not be written'));
+  coalesceWrites(app);
   app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes)));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their

@@ -1,4 +1,4 @@
-import type { FastifyInstance, onSendHookHandler } from 'fastify';
+import type { FastifyInstance, onSendAsyncHookHandler } from 'fastify';
 
 /**
  * Responses made ready in one turn of the event loop are written together at its end
@@ -11,25 +11,24 @@ import type { FastifyInstance, onSendHookHandler } from 'fastify';
  * path not waiting on Redis (2 cores, autocannon on the same machine, 100 connections; ad hoc),
  * the 10-item encrypt made 19,552–19,776 req/s with a p99 of 10 ms with this, and 13,564–14,063
  * req/s with a p99 of 12–15 ms without; loopback `writev` was 5% of the API's profile samples with
- * it and 27% without (bench/NOTES.md). A response waits at most for the rest of its turn; alone
- * in its turn, not at all.
+ * it and 27% without (bench/NOTES.md).
+ *
+ * A response waits for the rest of its turn: the other callbacks of that poll phase, and so behind
+ * a large body parsed in the same turn. The hook resolves a promise, so whatever fastify's write
+ * throws goes to its error handling as before. Until the write, `reply.sent` is false: a handler
+ * must return what it sends (every route here does), or fastify would send a second time.
  */
-export function coalesceWrites(app: FastifyInstance, onError: (err: unknown) => void): void {
+export function coalesceWrites(app: FastifyInstance): void {
   let ready: Array<() => void> = [];
   const writeAll = (): void => {
     const writes = ready;
     ready = [];
-    for (const write of writes) {
-      try {
-        write();
-      } catch (err) {
-        onError(err);
-      }
-    }
+    for (const write of writes) write();
   };
-  const hold: onSendHookHandler = (_request, _reply, payload, done) => {
-    if (ready.length === 0) setImmediate(writeAll);
-    ready.push(() => done(null, payload));
-  };
+  const hold: onSendAsyncHookHandler = (_request, _reply, payload) =>
+    new Promise((resolve) => {
+      if (ready.length === 0) setImmediate(writeAll);
+      ready.push(() => resolve(payload));
+    });
   app.addHook('onSend', hold);
 }

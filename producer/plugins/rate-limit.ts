@@ -17,6 +17,9 @@ export interface RateLimitOptions {
 /** How often each API process adds its counts to Redis's and hears the others'. */
 export const EXCHANGE_MS = 20;
 
+/** The limiter's window: a tenant's budget is SYNC_RATE_LIMIT requests in each second. */
+const WINDOW_MS = 1_000;
+
 type Increment = Parameters<FastifyRateLimitStore['incr']>[1];
 
 /** One tenant's count in one window (a second of the wall clock, the same for every replica). */
@@ -25,6 +28,8 @@ interface Window {
   readonly index: number;
   /** The total in Redis when this process last heard it (its own sent counts included). */
   heard: number;
+  /** When this process last exchanged its count, heard or not (0: not yet in this window). */
+  exchangedAt: number;
   /** Counted here, on their way to Redis. */
   sending: number;
   /** Counted here since. */
@@ -37,20 +42,26 @@ interface Window {
  * - windows are the wall clock's seconds, so every replica counts the same one;
  * - a request counts at once, against what this process last heard from Redis plus what it has
  *   counted since;
- * - a tenant's first request in a window, and then every `exchangeMs` while it sends more, one
- *   pipeline INCRBYs the counts not yet sent into `{prefix}:rate:{tenant}{group}:{window}`
- *   (expiring soon after the window) and hears the total.
- * Replicas hear of each other's requests that late (a round trip at a window's start, then up to
- * `exchangeMs`), so with several a tenant may pass its budget by what the others admitted in that
- * time; one replica alone never does. When Redis does not answer, each goes on counting alone.
+ * - one pipeline INCRBYs the counts not yet sent into `{prefix}:rate:{tenant}{group}:{window}`
+ *   (expiring soon after the window) and hears the total: at once for a request that finds its
+ *   tenant's count `exchangeMs` old or more (a new window's first, one after a pause), else
+ *   `exchangeMs` after the last (failed ones too: Redis away costs one attempt per interval).
+ * So a replica admits against the others' counts as they were up to `exchangeMs` (plus a round
+ * trip) ago, and at a window's start, before its first exchange returns, against none: with R
+ * replicas a tenant may get up to R times its limit in that round trip, and while Redis does not
+ * answer (each exchange then fails, after up to the client's command timeout) each replica
+ * applies the limit alone. One replica alone never passes it.
  */
 export class ExchangedCounts implements FastifyRateLimitStore {
   readonly #windows = new Map<string, Window>();
+  /** Windows with counts not yet sent. */
+  readonly #unsent = new Set<Window>();
   readonly #redis: Redis;
   readonly #namespace: string;
   readonly #windowMs: number;
   readonly #exchangeMs: number;
   #timer: NodeJS.Timeout | undefined;
+  #timerAt = 0;
   #exchanging = false;
   #closed = false;
 
@@ -66,18 +77,22 @@ export class ExchangedCounts implements FastifyRateLimitStore {
     const index = Math.floor(now / this.#windowMs);
     let window = this.#windows.get(key);
     if (window === undefined || window.index !== index) {
-      window = { key, index, heard: 0, sending: 0, unsent: 0 };
-      this.#windows.set(key, window);
-      this.#schedule(0); // hear the other replicas' count for the new window now
-    } else if (window.unsent === 0) {
-      this.#schedule(this.#exchangeMs);
+      window = { key, index, heard: 0, exchangedAt: 0, sending: 0, unsent: 0 };
+      this.#windows.set(key, window); // one per tenant: a past window is replaced, not kept
     }
-    window.unsent++;
+    if (window.unsent++ === 0) {
+      this.#unsent.add(window);
+      this.#schedule(Math.max(0, window.exchangedAt + this.#exchangeMs - now));
+    }
     done(null, { current: window.heard + window.sending + window.unsent, ttl: (index + 1) * this.#windowMs - now });
   }
 
-  /** Routes of one `groupId` share one budget (the key carries the group); every route here has one. */
-  child(): FastifyRateLimitStore {
+  /** Every route here counts in the one shared budget of its `groupId` (the key carries the group). */
+  child(options: Parameters<FastifyRateLimitStore['child']>[0]): FastifyRateLimitStore {
+    const { groupId, timeWindow } = options as { groupId?: string; timeWindow?: unknown };
+    if (groupId === undefined || (timeWindow !== undefined && timeWindow !== this.#windowMs)) {
+      throw new Error(`a rate-limited route here needs a groupId and the store's window of ${this.#windowMs} ms`);
+    }
     return this;
   }
 
@@ -86,13 +101,15 @@ export class ExchangedCounts implements FastifyRateLimitStore {
     clearTimeout(this.#timer);
   }
 
-  /** Arms the next exchange, or brings it forward. */
+  /** Arms the next exchange, or brings it forward; after the one in flight, if any. */
   #schedule(delay: number): void {
     if (this.#exchanging || this.#closed) return;
+    const at = Date.now() + delay;
     if (this.#timer !== undefined) {
-      if (delay > 0) return;
+      if (at >= this.#timerAt) return;
       clearTimeout(this.#timer);
     }
+    this.#timerAt = at;
     this.#timer = setTimeout(() => void this.#exchange(), delay);
     this.#timer.unref();
   }
@@ -102,30 +119,33 @@ export class ExchangedCounts implements FastifyRateLimitStore {
     const now = Date.now();
     const sent: Array<[Window, number]> = [];
     const pipeline = this.#redis.pipeline();
-    for (const window of this.#windows.values()) {
-      // A window past its end is forgotten: its last counts no longer matter.
-      if ((window.index + 1) * this.#windowMs <= now) this.#windows.delete(window.key);
-      // A new window sends its first count; an idle one hears at its next request.
-      else if (window.unsent > 0) {
-        const n = window.unsent;
-        window.unsent = 0;
-        window.sending += n;
-        const redisKey = `${this.#namespace}${window.key}:${window.index}`;
-        pipeline.incrby(redisKey, n).pexpire(redisKey, this.#windowMs * 2);
-        sent.push([window, n]);
-      }
+    for (const window of this.#unsent) {
+      // A window past its end is dropped: its last counts no longer matter.
+      if ((window.index + 1) * this.#windowMs <= now) continue;
+      const n = window.unsent;
+      window.unsent = 0;
+      window.sending += n;
+      const redisKey = `${this.#namespace}${window.key}:${window.index}`;
+      pipeline.incrby(redisKey, n).pexpire(redisKey, this.#windowMs * 2);
+      sent.push([window, n]);
     }
+    this.#unsent.clear();
     if (sent.length === 0) return;
     this.#exchanging = true;
     const replies = await pipeline.exec().catch(() => null);
     this.#exchanging = false;
-    sent.forEach(([window, n], i) => {
+    const exchangedAt = Date.now();
+    for (const [i, [window, n]] of sent.entries()) {
       window.sending -= n;
+      window.exchangedAt = exchangedAt;
       const [err, total] = replies?.[i * 2] ?? [new Error('no reply')];
-      // Unheard, the counts stay this process's own knowledge.
-      window.heard = err ? window.heard + n : Math.max(window.heard, Number(total));
-    });
-    if ([...this.#windows.values()].some((w) => w.unsent > 0)) this.#schedule(this.#exchangeMs);
+      // Unheard (or lower than what this process sent: the key was lost), its counts stay its own.
+      window.heard = Math.max(window.heard + n, err ? 0 : Number(total));
+    }
+    // Counts that came in meanwhile: at once for a window not yet exchanged, else after the interval.
+    let delay: number | undefined;
+    for (const window of this.#unsent) delay = Math.min(delay ?? Infinity, Math.max(0, window.exchangedAt + this.#exchangeMs - exchangedAt));
+    if (delay !== undefined) this.#schedule(delay);
   }
 }
 
@@ -141,7 +161,7 @@ export const SYNC_RATE_LIMIT = { groupId: 'sync' } as const;
  */
 export const rateLimitPlugin = fp(async (app: FastifyInstance, { redis, prefix, perSecond, exchangeMs = EXCHANGE_MS }: RateLimitOptions) => {
   if (perSecond === 0) return;
-  const counts = new ExchangedCounts(redis, `${prefix}:rate:`, { windowMs: 1_000, exchangeMs });
+  const counts = new ExchangedCounts(redis, `${prefix}:rate:`, { windowMs: WINDOW_MS, exchangeMs });
   app.addHook('onClose', async () => counts.close());
   await app.register(rateLimit, {
     global: false,
@@ -152,7 +172,7 @@ export const rateLimitPlugin = fp(async (app: FastifyInstance, { redis, prefix, 
     } as unknown as FastifyRateLimitStoreCtor,
     hook: 'onRequest',
     max: perSecond,
-    timeWindow: 1_000, // the store's window; the plugin reports it
+    timeWindow: WINDOW_MS,
     keyGenerator: (request) => principalOf(request).tenant,
     errorResponseBuilder: (_request, context) =>
       new KeyfleetError('KF_RATE_LIMITED', `more than ${context.max} requests per second for this tenant; retry after ${context.after}`, {
