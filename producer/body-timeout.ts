@@ -28,7 +28,7 @@ const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retr
  * and hold no whole body: neither applies.
  *
  * It must stay the last preParsing hook (it is the only one): fastify's body reader has to
- * attach in the same tick as the watch's 'data' listener, which sets the body flowing.
+ * attach in the same tick as a chunked body's watch, whose 'data' listener sets the body flowing.
  */
 export function watchBodies(seconds: number, budget: BodyBudget): preParsingHookHandler {
   return (request, reply, payload, done) => {
@@ -42,9 +42,29 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
     // but one that came whole with its headers (in their socket read, up to 64 KB) gets no watch:
     // its bytes are all buffered, and counted now.
     if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0)) return done(busy());
-    if (!raw.complete) watchPauses(payload, raw, seconds, chunked ? (bytes) => budget.grow(res, bytes) : undefined);
+    if (chunked && !raw.complete) watchPauses(payload, raw, seconds, (bytes) => budget.grow(res, bytes));
+    else if (!raw.complete) watchLater(() => raw.complete || raw.socket.destroyed || watchPauses(payload, raw, seconds));
     done(null, payload);
   };
+}
+
+let later: Array<() => unknown> = [];
+const watchAll = (): void => {
+  const watches = later;
+  later = [];
+  for (const watch of watches) watch();
+};
+
+/**
+ * Starts a watch at the end of this turn of the event loop, for a body not whole by then. A
+ * small body mostly comes in the same socket read as its headers, and this hook runs while they
+ * are parsed, before it: a timer and three listeners for each such request (every sync request)
+ * cost 1–2 µs and watched nothing. A body of known length has its bytes reserved already, so no
+ * piece of it needs to be seen; a chunked one is counted piece by piece and watched at once.
+ */
+function watchLater(watch: () => unknown): void {
+  if (later.length === 0) setImmediate(watchAll);
+  later.push(watch);
 }
 
 /**

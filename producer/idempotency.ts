@@ -45,9 +45,8 @@ export function requestFingerprint(request: FastifyRequest, body: string | Buffe
   return fingerprintHash(request).update(body).digest('hex');
 }
 
-/** Sends a stored answer again, marked as a replay. */
-export const replay = (reply: FastifyReply, answer: Answer): FastifyReply =>
-  reply.status(answer.status).header('idempotent-replayed', 'true').type(answer.contentType).send(answer.body);
+/** A stored answer again, marked as a replay (as `respond`: the handler returns the body). */
+export const replay = (reply: FastifyReply, answer: Answer): Buffer => respond(reply.header('idempotent-replayed', 'true'), answer);
 
 /**
  * Idempotency-Key records in Redis, per tenant. The first request with a key claims it; the same
@@ -121,9 +120,9 @@ export class IdempotencyStore {
  * the same request gets the stored answer, another request with the key a 409. A failed request
  * frees its key so that it can be retried.
  */
-export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<FastifyReply> {
+export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<Buffer> {
   const key = idempotencyKeyOf(request);
-  if (key === undefined) return send(reply, await work());
+  if (key === undefined) return respond(reply, await work());
   const fingerprint = requestFingerprint(request, body);
   const stored = await store.find(tenant, key, fingerprint);
   if (stored) return replay(reply, stored);
@@ -144,16 +143,34 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
  * either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
  * so that a retry in the meantime is a 409 and not the work done a second time.
  */
-export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<FastifyReply> {
+export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<Buffer> {
   try {
     await store.complete(tenant, key, fingerprint, answer);
   } catch (err) {
     request.log.error({ err: { message: (err as Error).message }, status: answer.status }, 'idempotent answer not stored; its key stays claimed until the claim lapses');
   }
-  return send(reply, answer);
+  return respond(reply, answer);
 }
 
-export const send = (reply: FastifyReply, answer: Answer): FastifyReply => reply.status(answer.status).type(answer.contentType).send(answer.body);
+/** Sets an answer's status and type on the reply and gives its body to send. */
+export const respond = (reply: FastifyReply, answer: Answer): Buffer => {
+  reply.status(answer.status).type(answer.contentType);
+  return answer.body;
+};
+
+/**
+ * Sends what `payload` settles to, or its error through fastify's error handler: the handler
+ * returns nothing (fastify's callback style). An async handler that sent its reply and returned
+ * it instead would have fastify wait on the response's end (`reply.then`, five listeners on the
+ * response per request), as responses are written at the end of their turn (coalesced-writes.ts);
+ * one that sent it and returned nothing would have it sent twice.
+ */
+export function sendWhenDone(reply: FastifyReply, payload: Promise<unknown>): void {
+  payload.then(
+    (body) => void reply.send(body),
+    (err: unknown) => void reply.send(err instanceof Error ? err : new Error(String(err))),
+  );
+}
 
 export const JSON_TYPE = 'application/json; charset=utf-8';
 

@@ -1,6 +1,7 @@
 import type { Hash } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest, RawServerDefault, RouteGenericInterface } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
@@ -10,7 +11,7 @@ import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
-import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, sendCompleted } from '../idempotency.js';
+import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, sendCompleted, sendWhenDone } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
@@ -34,7 +35,9 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
 
-  r.post('/v1/batches', { config: { scope: 'batches', readsOwnBody: true }, schema: { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } } }, async (request, reply) => {
+  const uploadSchema = { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } };
+  // fastify's callback style (the handler returns nothing): see sendWhenDone.
+  const upload = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof uploadSchema, ZodTypeProvider>, reply: FastifyReply): Promise<unknown> => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
@@ -52,7 +55,10 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     };
 
     const idempotencyKey = idempotencyKeyOf(request);
-    if (idempotencyKey === undefined) return reply.status(202).send(await submit(body));
+    if (idempotencyKey === undefined) {
+      reply.status(202);
+      return submit(body);
+    }
     // The body's fingerprint is known only once it has been read: a repeat is read (and hashed)
     // to tell "the same upload again" from "another upload with the same key".
     const { idempotency } = app.services;
@@ -71,7 +77,9 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
       throw err;
     }
     return sendCompleted(idempotency, request, reply, tenant, idempotencyKey, fingerprint.digest('hex'), jsonAnswer(202, accepted));
-  });
+  };
+
+  r.post('/v1/batches', { config: { scope: 'batches', readsOwnBody: true }, schema: uploadSchema }, (request, reply) => sendWhenDone(reply, upload(request, reply)));
 
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
     return publicStatus(await readableBatch(app, request, request.params.id));

@@ -1,10 +1,11 @@
-import type { FastifyInstance } from 'fastify';
+import type { IncomingMessage } from 'node:http';
+import type { FastifyInstance, FastifyReply, FastifyRequest, RawServerDefault, RouteGenericInterface } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
-import { answerOnce, jsonAnswer, JSON_TYPE, type Answer } from '../idempotency.js';
+import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer } from '../idempotency.js';
 import { principalOf, requireRewrapSource } from '../plugins/auth.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
@@ -19,16 +20,15 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
-    r.post(`/v1/${op}/:key`, {
-      config: { scope: op, rateLimit: SYNC_RATE_LIMIT },
-      schema: {
-        tags: ['crypto'],
-        summary: `${op[0]!.toUpperCase()}${op.slice(1)} items: answered in the response up to SYNC_MAX_ITEMS, else a batch (202)`,
-        params: cryptoParams,
-        body: cryptoBody,
-        response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
-      },
-    }, async (request, reply) => {
+    const schema = {
+      tags: ['crypto'],
+      summary: `${op[0]!.toUpperCase()}${op.slice(1)} items: answered in the response up to SYNC_MAX_ITEMS, else a batch (202)`,
+      params: cryptoParams,
+      body: cryptoBody,
+      response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
+    };
+    // fastify's callback style (the handler returns nothing): see sendWhenDone.
+    const answer = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof schema, ZodTypeProvider>, reply: FastifyReply): Promise<Buffer> => {
       const { tenant } = principalOf(request);
       const { items, encoding, mode, callbackUrl, context, targetKey, keyVersion } = request.body;
       const key = request.params.key;
@@ -86,7 +86,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       // The parsed body stands for the request: the same items, encoding and mode give the same JSON.
       const fingerprintBody = request.headers['idempotency-key'] === undefined ? '' : JSON.stringify(request.body);
       return answerOnce(idempotency, request, reply, tenant, fingerprintBody, work);
-    });
+    };
+
+    r.post(`/v1/${op}/:key`, { config: { scope: op, rateLimit: SYNC_RATE_LIMIT }, schema }, (request, reply) => sendWhenDone(reply, answer(request, reply)));
   }
 }
 
