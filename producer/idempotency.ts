@@ -8,7 +8,8 @@ import type { Redis, RedisKeys } from '../shared/redis.js';
 export interface Answer {
   readonly status: number;
   readonly contentType: string;
-  readonly body: Buffer;
+  /** A JSON answer's text; a stored one's bytes. */
+  readonly body: string | Buffer;
 }
 
 type Entry = { fp: string; state: 'pending' } | { fp: string; state: 'done'; status: number; type: string; body: string };
@@ -46,7 +47,7 @@ export function requestFingerprint(request: FastifyRequest, body: string | Buffe
 }
 
 /** A stored answer again, marked as a replay (as `respond`: the handler returns the body). */
-export const replay = (reply: FastifyReply, answer: Answer): Buffer => respond(reply.header('idempotent-replayed', 'true'), answer);
+export const replay = (reply: FastifyReply, answer: Answer): string | Buffer => respond(reply.header('idempotent-replayed', 'true'), answer);
 
 /**
  * Idempotency-Key records in Redis, per tenant. The first request with a key claims it; the same
@@ -95,7 +96,7 @@ export class IdempotencyStore {
 
   /** Stores the answer. `fingerprint` may differ from the claim's (an upload's is known only at its end). */
   async complete(tenant: string, key: string, fingerprint: string, answer: Answer): Promise<void> {
-    const body = this.#sealer.seal('idempotency', this.#id(tenant, key), 'answer', answer.body).toString('base64');
+    const body = this.#sealer.seal('idempotency', this.#id(tenant, key), 'answer', Buffer.from(answer.body)).toString('base64');
     const entry: Entry = { fp: fingerprint, state: 'done', status: answer.status, type: answer.contentType, body };
     await this.#redis.set(this.#slot(tenant, key), JSON.stringify(entry), 'EX', this.#ttlSeconds);
   }
@@ -120,7 +121,7 @@ export class IdempotencyStore {
  * the same request gets the stored answer, another request with the key a 409. A failed request
  * frees its key so that it can be retried.
  */
-export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<Buffer> {
+export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<string | Buffer> {
   const key = idempotencyKeyOf(request);
   if (key === undefined) return respond(reply, await work());
   const fingerprint = requestFingerprint(request, body);
@@ -143,7 +144,7 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
  * either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
  * so that a retry in the meantime is a 409 and not the work done a second time.
  */
-export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<Buffer> {
+export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<string | Buffer> {
   try {
     await store.complete(tenant, key, fingerprint, answer);
   } catch (err) {
@@ -153,7 +154,7 @@ export async function sendCompleted(store: IdempotencyStore, request: FastifyReq
 }
 
 /** Sets an answer's status and type on the reply and gives its body to send. */
-export const respond = (reply: FastifyReply, answer: Answer): Buffer => {
+export const respond = (reply: FastifyReply, answer: Answer): string | Buffer => {
   reply.status(answer.status).type(answer.contentType);
   return answer.body;
 };
@@ -175,4 +176,4 @@ export function sendWhenDone(reply: FastifyReply, payload: Promise<unknown>): vo
 export const JSON_TYPE = 'application/json; charset=utf-8';
 
 /** An answer of a JSON value. */
-export const jsonAnswer = (status: number, value: unknown): Answer => ({ status, contentType: JSON_TYPE, body: Buffer.from(JSON.stringify(value)) });
+export const jsonAnswer = (status: number, value: unknown): Answer => ({ status, contentType: JSON_TYPE, body: JSON.stringify(value) });

@@ -22,7 +22,7 @@ export interface SyncRequest {
 
 export interface SyncOutcome {
   /** The response body, `{"results":[…]}`, already serialised. */
-  readonly body: Buffer;
+  readonly body: string;
   readonly succeeded: number;
   readonly failed: number;
   /** A ciphertext named a version newer than the ring: reload the ring and run again. */
@@ -31,7 +31,7 @@ export interface SyncOutcome {
 
 // One nonce source per process: nonces are drawn from the CSPRNG in blocks, each used once.
 const nonces = new NonceSource();
-const OPEN = Buffer.from('{"results":[');
+const OPEN = '{"results":[';
 const CLOSE = ']}';
 
 /**
@@ -45,7 +45,8 @@ export function runSync(request: SyncRequest, ring: KeyRing, kernel: KernelChoic
 }
 
 // Scratch buffers for the packed items and the kernel's output, reused by every call (the
-// kernel call is synchronous); only the exact response body is allocated per request.
+// kernel call is synchronous). The body is a string made from the output: no Buffer per
+// request, and node:http writes a string body in one piece with the headers.
 let packedScratch: Buffer = Buffer.allocUnsafe(64 * 1024);
 let outScratch: Buffer = Buffer.allocUnsafe(64 * 1024);
 const grown = (buf: Buffer, size: number): Buffer => (buf.length >= size ? buf : Buffer.allocUnsafe(Math.max(size, buf.length * 2)));
@@ -73,10 +74,8 @@ function runNative({ op, items, encoding, maxItemBytes }: SyncRequest, ring: Key
   const [written, , succeeded, failed, newerVersionSeen] = nativeKernel!.run(job.params, job.versions, packed.subarray(0, at), out);
   // The kernel ends every result with a comma; the last one gives way to the closing bracket.
   const results = written > 0 ? written - 1 : 0;
-  const body = Buffer.allocUnsafe(OPEN.length + results + CLOSE.length);
-  OPEN.copy(body);
-  out.copy(body, OPEN.length, 0, results);
-  body.write(CLOSE, OPEN.length + results, 'latin1');
+  // Ciphertexts, and errors, are ASCII; plaintexts are UTF-8.
+  const body = OPEN + out.toString(op === 'decrypt' ? 'utf8' : 'latin1', 0, results) + CLOSE;
   // Plaintexts may have passed through the scratch buffer: do not leave them there.
   if (op === 'decrypt') out.fill(0, 0, written);
   packed.fill(0, 0, at);
@@ -100,7 +99,7 @@ function runJs(request: SyncRequest, ring: KeyRing): SyncOutcome {
     if (outcome === NEWER) newerVersionSeen = true;
     return itemError(outcome === NEWER ? 'KF_DECRYPT_FAILED' : outcome);
   });
-  return { body: Buffer.from(JSON.stringify({ results })), succeeded: results.length - failed, failed, newerVersionSeen };
+  return { body: JSON.stringify({ results }), succeeded: results.length - failed, failed, newerVersionSeen };
 }
 
 const NEWER = 'newer';

@@ -28,7 +28,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
     };
     // fastify's callback style (the handler returns nothing): see sendWhenDone.
-    const answer = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof schema, ZodTypeProvider>, reply: FastifyReply): Promise<Buffer> => {
+    const answer = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof schema, ZodTypeProvider>, reply: FastifyReply): Promise<string | Buffer> => {
       const { tenant } = principalOf(request);
       const { items, encoding, mode, callbackUrl, context, targetKey, keyVersion } = request.body;
       const key = request.params.key;
@@ -79,7 +79,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         const sealing = op === 'decrypt' ? undefined : (target ?? ring);
         if (sealing) keyPolicy.counted(tenant, sealing, outcome.succeeded);
         metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
-        // The body is already JSON, written by the kernel; fastify sends a Buffer as it is,
+        // The body is already JSON, written by the kernel; fastify sends a string as it is,
         // without the response schema's serializer (the schema documents the shape).
         return { status: 200, contentType: JSON_TYPE, body: outcome.body };
       };
