@@ -16,8 +16,9 @@ import type { FastifyInstance, onSendAsyncHookHandler } from 'fastify';
  * A response waits for the rest of its turn: the other callbacks of that poll phase, and so behind
  * a large body parsed in the same turn. The hook resolves a promise, so whatever fastify's write
  * throws goes to its error handling as before. Until the write, `reply.sent` is false: an async
- * handler must return what it sends, or fastify would send a second time; one that sends the
- * reply itself returns nothing and is not async (sendWhenDone, idempotency.ts).
+ * handler must return what it sends, or the reply (which then waits for the write), or fastify
+ * would send a second time; one that sends for itself returns nothing and is not async
+ * (sendWhenDone, idempotency.ts).
  */
 export function coalesceWrites(app: FastifyInstance): void {
   let ready: Array<() => void> = [];

@@ -119,7 +119,8 @@ export class IdempotencyStore {
 /**
  * Runs `work` once per Idempotency-Key: without the header it just runs; with it, a repeat of
  * the same request gets the stored answer, another request with the key a 409. A failed request
- * frees its key so that it can be retried.
+ * frees its key so that it can be retried. The answer is given as `respond` does: status and type
+ * set on the reply, the body for the handler to send.
  */
 export async function answerOnce(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, body: string | Buffer, work: () => Promise<Answer>): Promise<string | Buffer> {
   const key = idempotencyKeyOf(request);
@@ -135,16 +136,16 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
     await store.release(tenant, key).catch(() => {});
     throw err;
   }
-  return sendCompleted(store, request, reply, tenant, key, fingerprint, answer);
+  return respondCompleted(store, request, reply, tenant, key, fingerprint, answer);
 }
 
 /**
- * Stores the answer of work that has been done, and sends it. The work stands whether or not
- * its answer could be stored (a batch exists, ciphertexts were made), so the caller gets it
- * either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
+ * Stores the answer of work that has been done, and gives it as `respond` does. The work stands
+ * whether or not its answer could be stored (a batch exists, ciphertexts were made), so the
+ * caller gets it either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
  * so that a retry in the meantime is a 409 and not the work done a second time.
  */
-export async function sendCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<string | Buffer> {
+export async function respondCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<string | Buffer> {
   try {
     await store.complete(tenant, key, fingerprint, answer);
   } catch (err) {
@@ -164,13 +165,23 @@ export const respond = (reply: FastifyReply, answer: Answer): string | Buffer =>
  * returns nothing (fastify's callback style). An async handler that sent its reply and returned
  * it instead would have fastify wait on the response's end (`reply.then`, five listeners on the
  * response per request), as responses are written at the end of their turn (coalesced-writes.ts);
- * one that sent it and returned nothing would have it sent twice.
+ * one that sent it and returned nothing would have it sent twice. A rejection that is not an
+ * Error is sent as one (a 500: the code here throws Errors). What `reply.send` itself throws is
+ * sent as an error too, as fastify does for async handlers, and an error with nowhere to go is
+ * logged.
  */
 export function sendWhenDone(reply: FastifyReply, payload: Promise<unknown>): void {
-  payload.then(
-    (body) => void reply.send(body),
-    (err: unknown) => void reply.send(err instanceof Error ? err : new Error(String(err))),
-  );
+  const fail = (err: unknown): void => {
+    if (reply.sent) {
+      reply.log.error({ err: { message: (err as Error)?.message } }, 'request failed after its answer was sent');
+      return;
+    }
+    reply.send(err instanceof Error ? err : new Error(String(err)));
+  };
+  payload
+    .then((body) => void reply.send(body), fail)
+    .catch(fail)
+    .catch((err: unknown) => reply.log.error({ err: { message: (err as Error)?.message } }, 'an answer could not be sent'));
 }
 
 export const JSON_TYPE = 'application/json; charset=utf-8';

@@ -11,7 +11,7 @@ import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
-import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, sendCompleted, sendWhenDone } from '../idempotency.js';
+import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
@@ -36,7 +36,6 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   }
 
   const uploadSchema = { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } };
-  // fastify's callback style (the handler returns nothing): see sendWhenDone.
   const upload = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof uploadSchema, ZodTypeProvider>, reply: FastifyReply): Promise<unknown> => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
@@ -56,8 +55,9 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
 
     const idempotencyKey = idempotencyKeyOf(request);
     if (idempotencyKey === undefined) {
+      const accepted = await submit(body);
       reply.status(202);
-      return submit(body);
+      return accepted;
     }
     // The body's fingerprint is known only once it has been read: a repeat is read (and hashed)
     // to tell "the same upload again" from "another upload with the same key".
@@ -76,9 +76,10 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
       await idempotency.release(tenant, idempotencyKey).catch(() => {});
       throw err;
     }
-    return sendCompleted(idempotency, request, reply, tenant, idempotencyKey, fingerprint.digest('hex'), jsonAnswer(202, accepted));
+    return respondCompleted(idempotency, request, reply, tenant, idempotencyKey, fingerprint.digest('hex'), jsonAnswer(202, accepted));
   };
 
+  // fastify's callback style (the handler returns nothing): see sendWhenDone.
   r.post('/v1/batches', { config: { scope: 'batches', readsOwnBody: true }, schema: uploadSchema }, (request, reply) => sendWhenDone(reply, upload(request, reply)));
 
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {

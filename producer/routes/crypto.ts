@@ -27,7 +27,6 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       body: cryptoBody,
       response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
     };
-    // fastify's callback style (the handler returns nothing): see sendWhenDone.
     const answer = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof schema, ZodTypeProvider>, reply: FastifyReply): Promise<string | Buffer> => {
       const { tenant } = principalOf(request);
       const { items, encoding, mode, callbackUrl, context, targetKey, keyVersion } = request.body;
@@ -88,6 +87,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       return answerOnce(idempotency, request, reply, tenant, fingerprintBody, work);
     };
 
+    // fastify's callback style (the handler returns nothing): see sendWhenDone.
     r.post(`/v1/${op}/:key`, { config: { scope: op, rateLimit: SYNC_RATE_LIMIT }, schema }, (request, reply) => sendWhenDone(reply, answer(request, reply)));
   }
 }

@@ -5,7 +5,7 @@ import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/c
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
 import { formatCiphertext } from '../../shared/crypto/format.js';
-import { RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERRORS, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
+import { RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERROR_JSON, RESULT_ERRORS, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
 import { CATALOGUE } from '../../shared/errors.js';
 import { seededRandom } from '../helpers/seeded.js';
 
@@ -159,5 +159,15 @@ describe('stored results', () => {
         }
       }
     }
+  });
+});
+
+describe('item errors as the kernels write them', () => {
+  it('are ASCII JSON of each code and its catalogue message (sync answers of encrypt and rewrap are read as latin1)', () => {
+    expect(RESULT_ERROR_JSON).toHaveLength(RESULT_ERRORS.length);
+    RESULT_ERROR_JSON.forEach((json, i) => {
+      expect(/^[\x20-\x7e]*$/.test(json)).toBe(true);
+      expect(JSON.parse(json)).toEqual({ code: RESULT_ERRORS[i], message: CATALOGUE[RESULT_ERRORS[i]!].message });
+    });
   });
 });
