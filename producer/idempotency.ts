@@ -171,17 +171,23 @@ export const respond = (reply: FastifyReply, answer: Answer): string | Buffer =>
  * logged.
  */
 export function sendWhenDone(reply: FastifyReply, payload: Promise<unknown>): void {
+  const logged = (err: unknown, message: string): void => reply.log.error({ err: { message: (err as Error)?.message } }, message);
   const fail = (err: unknown): void => {
-    if (reply.sent) {
-      reply.log.error({ err: { message: (err as Error)?.message } }, 'request failed after its answer was sent');
-      return;
+    if (reply.sent) return logged(err, 'request failed after its answer was sent');
+    try {
+      reply.send(err instanceof Error ? err : new Error(String(err)));
+    } catch (sendError) {
+      logged(sendError, 'an error answer could not be sent');
     }
-    reply.send(err instanceof Error ? err : new Error(String(err)));
   };
-  payload
-    .then((body) => void reply.send(body), fail)
-    .catch(fail)
-    .catch((err: unknown) => reply.log.error({ err: { message: (err as Error)?.message } }, 'an answer could not be sent'));
+  // Both callbacks catch what they meet: no promise is left to reject unhandled.
+  payload.then((body) => {
+    try {
+      reply.send(body);
+    } catch (err) {
+      fail(err);
+    }
+  }, fail);
 }
 
 export const JSON_TYPE = 'application/json; charset=utf-8';
