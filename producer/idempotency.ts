@@ -142,8 +142,8 @@ export async function answerOnce(store: IdempotencyStore, request: FastifyReques
 /**
  * Stores the answer of work that has been done, and gives it as `respond` does. The work stands
  * whether or not its answer could be stored (a batch exists, ciphertexts were made), so the
- * caller gets it either way; an answer not stored leaves the key claimed until the claim lapses (pendingMs),
- * so that a retry in the meantime is a 409 and not the work done a second time.
+ * caller gets it either way; an answer not stored leaves the key claimed until the claim lapses
+ * (pendingMs), so that a retry in the meantime is a 409 and not the work done a second time.
  */
 export async function respondCompleted(store: IdempotencyStore, request: FastifyRequest, reply: FastifyReply, tenant: string, key: string, fingerprint: string, answer: Answer): Promise<string | Buffer> {
   try {
