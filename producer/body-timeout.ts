@@ -3,6 +3,7 @@ import type { Readable } from 'node:stream';
 import type { preParsingHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
 import type { BodyBudget } from './body-budget.js';
+import { atEndOfTurn } from './end-of-turn.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -42,29 +43,14 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
     // but one that came whole with its headers (in their socket read, up to 64 KB) gets no watch:
     // its bytes are all buffered, and counted now.
     if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0)) return done(busy());
+    // A small body mostly comes in the same socket read as its headers, and this hook runs while
+    // they are parsed, before it: a body of known length (its bytes reserved already, so no piece
+    // of it needs to be seen) is watched from the end of the turn, if it is not whole by then.
+    // Watched at once, every sync request had a timer and three listeners for nothing (1–2 µs).
     if (chunked && !raw.complete) watchPauses(payload, raw, seconds, (bytes) => budget.grow(res, bytes));
-    else if (!raw.complete) watchLater(() => raw.complete || raw.socket.destroyed || watchPauses(payload, raw, seconds));
+    else if (!raw.complete) atEndOfTurn(() => void (raw.complete || raw.socket.destroyed || watchPauses(payload, raw, seconds)));
     done(null, payload);
   };
-}
-
-let later: Array<() => unknown> = [];
-const watchAll = (): void => {
-  const watches = later;
-  later = [];
-  for (const watch of watches) watch();
-};
-
-/**
- * Starts a watch at the end of this turn of the event loop, for a body not whole by then. A
- * small body mostly comes in the same socket read as its headers, and this hook runs while they
- * are parsed, before it: a timer and three listeners for each such request (every sync request)
- * cost 1–2 µs and watched nothing. A body of known length has its bytes reserved already, so no
- * piece of it needs to be seen; a chunked one is counted piece by piece and watched at once.
- */
-function watchLater(watch: () => unknown): void {
-  if (later.length === 0) setImmediate(watchAll);
-  later.push(watch);
 }
 
 /**

@@ -1,4 +1,5 @@
 import type { FastifyInstance, onSendAsyncHookHandler } from 'fastify';
+import { atEndOfTurn } from './end-of-turn.js';
 
 /**
  * Responses made ready in one turn of the event loop are written together at its end
@@ -21,16 +22,6 @@ import type { FastifyInstance, onSendAsyncHookHandler } from 'fastify';
  * (sendWhenDone, idempotency.ts).
  */
 export function coalesceWrites(app: FastifyInstance): void {
-  let ready: Array<() => void> = [];
-  const writeAll = (): void => {
-    const writes = ready;
-    ready = [];
-    for (const write of writes) write();
-  };
-  const hold: onSendAsyncHookHandler = (_request, _reply, payload) =>
-    new Promise((resolve) => {
-      if (ready.length === 0) setImmediate(writeAll);
-      ready.push(() => resolve(payload));
-    });
+  const hold: onSendAsyncHookHandler = (_request, _reply, payload) => new Promise((resolve) => atEndOfTurn(() => resolve(payload)));
   app.addHook('onSend', hold);
 }

@@ -1,5 +1,7 @@
 import { createHash, hash, type Hash } from 'node:crypto';
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { IncomingMessage } from 'node:http';
+import type { FastifyReply, FastifyRequest, FastifySchema, RawServerDefault, RouteGenericInterface } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { AtRestSealer } from '../shared/at-rest.js';
 import { KeyfleetError } from '../shared/errors.js';
 import type { Redis, RedisKeys } from '../shared/redis.js';
@@ -171,24 +173,31 @@ export const respond = (reply: FastifyReply, answer: Answer): string | Buffer =>
  * logged.
  */
 export function sendWhenDone(reply: FastifyReply, payload: Promise<unknown>): void {
-  const logged = (err: unknown, message: string): void => reply.log.error({ err: { message: (err as Error)?.message } }, message);
-  const fail = (err: unknown): void => {
-    if (reply.sent) return logged(err, 'request failed after its answer was sent');
-    try {
-      reply.send(err instanceof Error ? err : new Error(String(err)));
-    } catch (sendError) {
-      logged(sendError, 'an error answer could not be sent');
-    }
-  };
   // Both callbacks catch what they meet: no promise is left to reject unhandled.
-  payload.then((body) => {
-    try {
-      reply.send(body);
-    } catch (err) {
-      fail(err);
-    }
-  }, fail);
+  payload.then((body) => sendBody(reply, body), (err: unknown) => sendError(reply, err));
 }
+
+/** The request of a route whose schema is `S`, as fastify types it in the handler (zod types). */
+export type SchemaRequest<S extends FastifySchema> = FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, S, ZodTypeProvider>;
+
+function sendBody(reply: FastifyReply, body: unknown): void {
+  try {
+    reply.send(body);
+  } catch (err) {
+    sendError(reply, err);
+  }
+}
+
+function sendError(reply: FastifyReply, err: unknown): void {
+  if (reply.sent) return logError(reply, err, 'request failed after its answer was sent');
+  try {
+    reply.send(err instanceof Error ? err : new Error(String(err)));
+  } catch (sendFailure) {
+    logError(reply, sendFailure, 'an error answer could not be sent');
+  }
+}
+
+const logError = (reply: FastifyReply, err: unknown, message: string): void => reply.log.error({ err: { message: (err as Error)?.message } }, message);
 
 export const JSON_TYPE = 'application/json; charset=utf-8';
 

@@ -25,14 +25,15 @@ const LINES_FORMAT = 0x7b; // '{': the first byte of stored NDJSON lines
 /** The item-level codes a record can carry, in the order the native kernel indexes them. */
 export const RESULT_ERRORS: readonly ErrorCode[] = ['KF_INVALID_ITEM', 'KF_ITEM_TOO_LARGE', 'KF_DECRYPT_FAILED', 'KF_KEY_VERSION_DISABLED', 'KF_NOT_UTF8', 'KF_INVALID_ENCODING'];
 const ERROR_INDEX = new Map(RESULT_ERRORS.map((code, i) => [code, i]));
+/** JSON in ASCII: every character past it escaped (\uXXXX, a surrogate pair as two). */
+export const asciiJson = (value: unknown): string => JSON.stringify(value).replace(/[^\x00-\x7f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+
 /**
  * Each of those codes as the JSON of its error, as result lines carry it (the native kernel's
- * table too), in ASCII: a character past it is escaped, so that an encrypt or rewrap answer, all
- * ASCII, can be read as latin1 (sync-crypto.ts) whatever a message says.
+ * table too), in ASCII whatever a message says: an encrypt or rewrap answer, ciphertexts and
+ * errors, is read as latin1 (sync-crypto.ts).
  */
-export const RESULT_ERROR_JSON: readonly string[] = RESULT_ERRORS.map((code) =>
-  JSON.stringify({ code, message: CATALOGUE[code].message }).replace(/[^\x00-\x7f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`),
-);
+export const RESULT_ERROR_JSON: readonly string[] = RESULT_ERRORS.map((code) => asciiJson({ code, message: CATALOGUE[code].message }));
 const LONGEST_ERROR = Math.max(...RESULT_ERROR_JSON.map((e) => Buffer.byteLength(e)));
 
 /** The most bytes one record's line can take: its fixed parts, then the payload as escaped JSON (≤ 6×) or base64. */

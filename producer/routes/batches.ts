@@ -1,7 +1,6 @@
 import type { Hash } from 'node:crypto';
-import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
-import type { FastifyInstance, FastifyReply, FastifyRequest, RawServerDefault, RouteGenericInterface } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
@@ -11,7 +10,7 @@ import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
-import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone } from '../idempotency.js';
+import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone, type SchemaRequest } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
@@ -36,7 +35,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   }
 
   const uploadSchema = { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } };
-  const upload = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof uploadSchema, ZodTypeProvider>, reply: FastifyReply): Promise<unknown> => {
+  const upload = async (request: SchemaRequest<typeof uploadSchema>, reply: FastifyReply): Promise<unknown> => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);

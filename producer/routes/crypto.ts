@@ -1,11 +1,10 @@
-import type { IncomingMessage } from 'node:http';
-import type { FastifyInstance, FastifyReply, FastifyRequest, RawServerDefault, RouteGenericInterface } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
-import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer } from '../idempotency.js';
+import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer, type SchemaRequest } from '../idempotency.js';
 import { principalOf, requireRewrapSource } from '../plugins/auth.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
@@ -27,7 +26,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       body: cryptoBody,
       response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
     };
-    const answer = async (request: FastifyRequest<RouteGenericInterface, RawServerDefault, IncomingMessage, typeof schema, ZodTypeProvider>, reply: FastifyReply): Promise<string | Buffer> => {
+    const answer = async (request: SchemaRequest<typeof schema>, reply: FastifyReply): Promise<string | Buffer> => {
       const { tenant } = principalOf(request);
       const { items, encoding, mode, callbackUrl, context, targetKey, keyVersion } = request.body;
       const key = request.params.key;

@@ -5,7 +5,7 @@ import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/c
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
 import { formatCiphertext } from '../../shared/crypto/format.js';
-import { RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERROR_JSON, RESULT_ERRORS, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
+import { asciiJson, RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERROR_JSON, RESULT_ERRORS, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
 import { CATALOGUE } from '../../shared/errors.js';
 import { seededRandom } from '../helpers/seeded.js';
 
@@ -169,5 +169,13 @@ describe('item errors as the kernels write them', () => {
       expect(/^[\x20-\x7e]*$/.test(json)).toBe(true);
       expect(JSON.parse(json)).toEqual({ code: RESULT_ERRORS[i], message: CATALOGUE[RESULT_ERRORS[i]!].message });
     });
+  });
+
+  it('escape what is past ASCII, and parse back to the same text', () => {
+    const message = { message: 'the key’s “version” — ünïcødé 🔑' };
+    const json = asciiJson(message);
+    expect(/^[\x20-\x7e]*$/.test(json)).toBe(true);
+    expect(json).toContain('\\u2019');
+    expect(JSON.parse(json)).toEqual(message);
   });
 });
