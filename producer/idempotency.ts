@@ -165,8 +165,8 @@ export const respond = (reply: FastifyReply, answer: Answer): string | Buffer =>
 /**
  * Sends what `payload` settles to, or its error through fastify's error handler: the handler
  * returns nothing (fastify's callback style). An async handler that sent its reply and returned
- * it instead would have fastify wait on the response's end (`reply.then`, five listeners on the
- * response per request), as responses are written at the end of their turn (coalesced-writes.ts);
+ * it instead would have fastify wait on the response's end (`reply.then`: end-of-stream's listeners
+ * on the response, per request), as responses are written at the end of their turn (coalesced-writes.ts);
  * one that sent it and returned nothing would have it sent twice. A rejection that is not an
  * Error is sent as one (a 500: the code here throws Errors). What `reply.send` itself throws is
  * sent as an error too, as fastify does for async handlers, and an error with nowhere to go is
