@@ -14,6 +14,7 @@ import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
+import { reclaiming } from '../reclaim.js';
 import { streamBatchEvents } from '../sse.js';
 
 const NDJSON = 'application/x-ndjson';
@@ -40,7 +41,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
     if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
-    const body = idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds);
+    const body = reclaiming(idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds));
     // Media types are case-insensitive (RFC 9110), as fastify matches the parsers above.
     const ndjson = (request.headers['content-type'] ?? '').toLowerCase().startsWith(NDJSON);
     const maxLine = itemLimit(op, encoding, app.keyfleet.maxItemBytes) * 6 + 2; // a JSON string may escape every byte as \u00XX (NDJSON lines, JSON elements)
@@ -99,7 +100,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const results = first?.take();
     if (start && !results) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(start ? resultChunks(batches, batch, layout, start, new Handover(results!), formatter) : [], { objectMode: false }));
+    return reply.send(Readable.from(start ? reclaiming(resultChunks(batches, batch, layout, start, new Handover(results!), formatter)) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {

@@ -1,0 +1,43 @@
+import { execFile } from 'node:child_process';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { API_NODE_FLAGS } from '../../producer/node-flags.js';
+import { RECLAIM_BYTES } from '../../producer/reclaim.js';
+
+const run = promisify(execFile);
+const reclaimModule = pathToFileURL(resolve(import.meta.dirname, '..', '..', 'dist/producer/reclaim.js')).href;
+
+// 100 MB of 256 KB Buffers, each dropped once the next is read, a turn of the event loop apart
+// as a body's pieces come: how far memory outside the heap climbs above where it started.
+const script = `
+import { getHeapStatistics } from 'node:v8';
+import { setImmediate as turn } from 'node:timers/promises';
+const { reclaiming } = await import(${JSON.stringify(reclaimModule)});
+async function* pieces() { for (let i = 0; i < 400; i++) { await turn(); yield Buffer.alloc(256 * 1024, 1); } }
+const start = getHeapStatistics().external_memory;
+let peak = 0, bytes = 0;
+for await (const piece of reclaiming(pieces())) {
+  bytes += piece.length;
+  peak = Math.max(peak, getHeapStatistics().external_memory - start);
+}
+console.log(JSON.stringify({ peak, bytes }));
+`;
+
+async function climb(flags: readonly string[]): Promise<{ peak: number; bytes: number }> {
+  const { stdout } = await run(process.execPath, [...flags, '--input-type=module', '-e', script]);
+  return JSON.parse(stdout) as { peak: number; bytes: number };
+}
+
+describe('reclaiming the Buffers of a large body', () => {
+  it('keeps dead Buffers within twice RECLAIM_BYTES with the API flags, where V8 alone lets them pile up', async () => {
+    const withFlags = await climb(API_NODE_FLAGS);
+    const withoutGc = await climb(API_NODE_FLAGS.filter((f) => f !== '--expose-gc'));
+    expect(withFlags.bytes).toBe(100 * 1024 * 1024);
+    expect(withoutGc.bytes).toBe(withFlags.bytes);
+    expect(withFlags.peak).toBeLessThanOrEqual(2 * RECLAIM_BYTES);
+    // The same pieces without `gc`: reclaiming does nothing, and V8 waits far longer.
+    expect(withoutGc.peak).toBeGreaterThan(3 * RECLAIM_BYTES);
+  });
+});
