@@ -3,13 +3,15 @@
  * dev runner, the Dockerfile, compose, Kubernetes, tests and the bench; a test checks they agree).
  *
  * --max-semi-space-size=8: V8 sizes the young generation from the machine's memory (16 MB
- * semi-spaces on 24 GB). The sync path's garbage is the requests in flight: in a smaller young
- * generation they outlive two scavenges and are promoted, and the API spent more CPU per
- * 10-item request at 4 MB than at 8 (ad hoc, three alternating pairs on the AMD family-25 host:
- * 66.8–75.0 µs against 53.8–63.4; bench/NOTES.md). A larger one lets dead upload and download
- * Buffers pile up between scavenges; reclaim.ts collects them as they pass, for which
+ * semi-spaces on 24 GB). The sync path's garbage is the requests in flight: with 4 MB they lived
+ * through two scavenges and were promoted (GC traces, bench/NOTES.md). At 8 the 10-item p99 was
+ * 7–9 ms in three full runs on an Intel host, but the API's 1M-item peak went up with it and 8
+ * was reverted (bench/NOTES.md, The Intel host). On an AMD host the API spent 54–63 µs per
+ * 10-item request against 67–75 at 4 ad hoc, though full runs there could not tell the two apart.
+ * A larger young generation lets dead upload and download Buffers pile up longer between
+ * scavenges; reclaim.ts now collects them as they pass. With that, the 1M-item peak was
+ * 119–129 MB at 8 and 115–122 at 4, against 134–142 at 4 and 144–149 at 8 without it (ad hoc).
  *
- * --expose-gc: gives the API `gc`, called by reclaim.ts alone. 1M-item run, API peak RSS (ad
- * hoc): 134–141 MB at 4 MB without it, 144–149 MB at 8 without, 119–129 MB at 8 with it.
+ * --expose-gc: gives the API `gc`, which reclaim.ts alone calls.
  */
 export const API_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=8', '--expose-gc'];

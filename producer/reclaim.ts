@@ -6,10 +6,18 @@ import { getHeapStatistics } from 'node:v8';
  * An upload's socket reads and a download's Redis replies and result lines pass through the API
  * as Buffers that die at once, but their bytes live outside V8's heap, and V8 starts a young
  * collection by how much its heap allocates, which a body in a few large Buffers hardly moves.
- * Left to V8, 30–40 MB of dead Buffers piled up between collections in a 1M-item upload or
- * download (bench/NOTES.md), and the API's peak RSS was its size at rest plus that pile. So
- * every RECLAIM_BYTES of such Buffers passed, one young collection is asked for: about a
- * millisecond, a few dozen times per million items.
+ * Left to V8, 35–41 MB of dead Buffers piled up between collections in a 1M-item upload or
+ * download, and the API's peak RSS was its size at rest plus that pile (bench/NOTES.md, "Dead
+ * Buffers collected as they pass"). So, as a large body's pieces pass, the memory outside the
+ * heap (all of the process's, not only the body's) is read, and once it has grown enough above
+ * its low point since the last collection asked for here, the young generation is collected.
+ *
+ * A young collection frees only what is dead. Buffers still in use (a chunk being sent, the
+ * next one read ahead) survive it, and after two they are promoted, to be freed only by a full
+ * collection, later than V8 would have freed them. Each body in flight holds some, so the growth
+ * asked for is RECLAIM_BYTES for each body passing at the time. (With 8 MB whatever the number of
+ * bodies, four downloads at once took 277–487 ms against 249–373 without the collections, and
+ * the API peaked at 138–163 MB against 145–161; ad hoc, bench/NOTES.md.)
  *
  * It needs `gc`, which the API's flags expose (API_NODE_FLAGS); started without it, this does
  * nothing and V8 collects as it would.
@@ -21,25 +29,35 @@ const collect = (globalThis as { gc?: Collect }).gc;
 
 /** The least memory outside the heap seen since the last collection asked for here. */
 let floor = Infinity;
+/** Bodies passing through `reclaiming` now. */
+let passing = 0;
 
 /**
- * Called as a large body's Buffers pass: once the memory outside V8's heap (ArrayBuffers,
- * mostly) is RECLAIM_BYTES above the least it has been since the last such call collected,
- * collects the young generation. Reading it costs about half a microsecond.
+ * Called as a large body's Buffers pass: collects the young generation once the memory outside
+ * V8's heap has grown RECLAIM_BYTES for each body passing above its low point. Reading it costs
+ * about half a microsecond.
  */
 export function reclaim(): void {
   if (!collect) return;
   const external = getHeapStatistics().external_memory;
   if (external < floor) floor = external;
-  if (external - floor < RECLAIM_BYTES) return;
+  if (external - floor < RECLAIM_BYTES * Math.max(1, passing)) return;
   collect({ type: 'minor' });
   floor = getHeapStatistics().external_memory;
 }
 
+/** Bodies passing through `reclaiming` now. */
+export const bodiesPassing = (): number => passing;
+
 /** Passes `pieces` through, reclaiming as they go. */
 export async function* reclaiming(pieces: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  for await (const piece of pieces) {
-    reclaim();
-    yield piece;
+  passing++;
+  try {
+    for await (const piece of pieces) {
+      reclaim();
+      yield piece;
+    }
+  } finally {
+    passing--;
   }
 }

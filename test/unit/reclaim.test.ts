@@ -1,12 +1,14 @@
 import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { setImmediate } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { API_NODE_FLAGS } from '../../producer/node-flags.js';
-import { RECLAIM_BYTES } from '../../producer/reclaim.js';
+import { bodiesPassing, RECLAIM_BYTES, reclaiming } from '../../producer/reclaim.js';
 
 const run = promisify(execFile);
+// The child runs the built module (npm test builds first).
 const reclaimModule = pathToFileURL(resolve(import.meta.dirname, '..', '..', 'dist/producer/reclaim.js')).href;
 
 // 100 MB of 256 KB Buffers, each dropped once the next is read, a turn of the event loop apart
@@ -26,7 +28,7 @@ console.log(JSON.stringify({ peak, bytes }));
 `;
 
 async function climb(flags: readonly string[]): Promise<{ peak: number; bytes: number }> {
-  const { stdout } = await run(process.execPath, [...flags, '--input-type=module', '-e', script]);
+  const { stdout } = await run(process.execPath, [...flags, '--input-type=module', '-e', script], { timeout: 60_000 });
   return JSON.parse(stdout) as { peak: number; bytes: number };
 }
 
@@ -39,5 +41,29 @@ describe('reclaiming the Buffers of a large body', () => {
     expect(withFlags.peak).toBeLessThanOrEqual(2 * RECLAIM_BYTES);
     // The same pieces without `gc`: reclaiming does nothing, and V8 waits far longer.
     expect(withoutGc.peak).toBeGreaterThan(3 * RECLAIM_BYTES);
+  });
+
+  it('counts the bodies passing, and stops counting one however it ends', async () => {
+    async function* pieces(n: number, failAt?: number): AsyncGenerator<Buffer> {
+      for (let i = 0; i < n; i++) {
+        await setImmediate();
+        if (i === failAt) throw new Error('the body broke off');
+        yield Buffer.alloc(1024);
+      }
+    }
+    const seen: number[] = [];
+    const whole = (async () => {
+      for await (const _ of reclaiming(pieces(6))) seen.push(bodiesPassing());
+    })();
+    const leftEarly = (async () => {
+      for await (const _ of reclaiming(pieces(6))) break;
+    })();
+    const broken = (async () => {
+      for await (const _ of reclaiming(pieces(6, 3)));
+    })();
+    await Promise.all([whole, leftEarly, expect(broken).rejects.toThrow('the body broke off')]);
+    expect(Math.max(...seen)).toBe(3);
+    expect(seen.at(-1)).toBe(1);
+    expect(bodiesPassing()).toBe(0);
   });
 });
