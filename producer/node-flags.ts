@@ -10,7 +10,7 @@
  * 10-item request against 67–75 at 4 ad hoc, though full runs there could not tell the two apart.
  * A larger young generation lets dead upload and download Buffers pile up longer between
  * scavenges; reclaim.ts now collects them as they pass. With that, the 1M-item peak was
- * 119–129 MB at 8 and 115–122 at 4, against 134–142 at 4 and 144–149 at 8 without it (ad hoc).
+ * 125–137 MB at 8, against 134–142 at 4 and 144–149 at 8 without it (ad hoc, bench/NOTES.md).
  *
  * --expose-gc: gives the API `gc`, which reclaim.ts alone calls.
  */

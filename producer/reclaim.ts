@@ -22,7 +22,13 @@ import { getHeapStatistics } from 'node:v8';
  * It needs `gc`, which the API's flags expose (API_NODE_FLAGS); started without it, this does
  * nothing and V8 collects as it would.
  */
-export const RECLAIM_BYTES = 8 * 1024 * 1024;
+/**
+ * Each collection pauses the API for a millisecond or more while sync requests are in flight,
+ * so not too often: at 8 MB the 10-item p99 during a 1M-item batch was 2.00–2.17× idle in three
+ * runs of five, at 16 MB 1.50× and 1.82× in two, and the 1M-item peak 120–129 MB against 125–137
+ * (bench/NOTES.md).
+ */
+export const RECLAIM_BYTES = 16 * 1024 * 1024;
 
 type Collect = (options: { type: 'minor' | 'major'; execution?: 'sync' | 'async' }) => void;
 const collect = (globalThis as { gc?: Collect }).gc;

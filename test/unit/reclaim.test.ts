@@ -8,6 +8,7 @@ import { API_NODE_FLAGS } from '../../producer/node-flags.js';
 import { bodiesPassing, RECLAIM_BYTES, reclaiming } from '../../producer/reclaim.js';
 
 const run = promisify(execFile);
+const MB = 1024 * 1024;
 // The child runs the built module (npm test builds first).
 const reclaimModule = pathToFileURL(resolve(import.meta.dirname, '..', '..', 'dist/producer/reclaim.js')).href;
 
@@ -33,14 +34,16 @@ async function climb(flags: readonly string[]): Promise<{ peak: number; bytes: n
 }
 
 describe('reclaiming the Buffers of a large body', () => {
-  it('keeps dead Buffers within twice RECLAIM_BYTES with the API flags, where V8 alone lets them pile up', async () => {
+  it('keeps dead Buffers within RECLAIM_BYTES and a little with the API flags, where V8 alone lets them pile up further', async () => {
     const withFlags = await climb(API_NODE_FLAGS);
     const withoutGc = await climb(API_NODE_FLAGS.filter((f) => f !== '--expose-gc'));
     expect(withFlags.bytes).toBe(100 * 1024 * 1024);
     expect(withoutGc.bytes).toBe(withFlags.bytes);
-    expect(withFlags.peak).toBeLessThanOrEqual(2 * RECLAIM_BYTES);
-    // The same pieces without `gc`: reclaiming does nothing, and V8 waits far longer.
-    expect(withoutGc.peak).toBeGreaterThan(3 * RECLAIM_BYTES);
+    // The pieces that pass while the collection's frees are swept, on another thread.
+    expect(withFlags.peak).toBeLessThanOrEqual(RECLAIM_BYTES + 4 * MB);
+    // The same pieces without `gc`: reclaiming does nothing, and V8 waits longer (32 MB on
+    // Node 20, 45 on Node 24, where the API's flags gave 17).
+    expect(withoutGc.peak).toBeGreaterThan(RECLAIM_BYTES + 12 * MB);
   });
 
   it('counts the bodies passing, and stops counting one however it ends', async () => {
