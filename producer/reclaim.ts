@@ -1,5 +1,3 @@
-import { getHeapStatistics } from 'node:v8';
-
 /**
  * Young collections for the Buffers of large bodies.
  *
@@ -22,11 +20,15 @@ import { getHeapStatistics } from 'node:v8';
  * It needs `gc`, which the API's flags expose (API_NODE_FLAGS); started without it, this does
  * nothing and V8 collects as it would.
  */
+
+import { getHeapStatistics } from 'node:v8';
+
 /**
- * Each collection pauses the API for a millisecond or more while sync requests are in flight,
- * so not too often: at 8 MB the 10-item p99 during a 1M-item batch was 2.00–2.17× idle in three
- * runs of five, at 16 MB 1.50× and 1.82× in two, and the 1M-item peak 120–129 MB against 125–137
- * (bench/NOTES.md).
+ * Each collection asked for here pauses the API: with the 10-item load running through 1M-item
+ * batches, 0.9–3.1 ms at the median and 8.4 ms at most (41 collections in three runs on an Intel
+ * host). So not too often: on an AMD host, at 8 MB the 10-item p99 during a 1M-item batch was
+ * 2.00–2.17× idle in three runs of five, at 16 MB 1.50× and 1.82× in two, and the 1M-item peak
+ * 120–129 MB against 125–137 (bench/NOTES.md).
  */
 export const RECLAIM_BYTES = 16 * 1024 * 1024;
 
@@ -39,20 +41,22 @@ let floor = Infinity;
 let passing = 0;
 
 /**
- * Called as a large body's Buffers pass: collects the young generation once the memory outside
- * V8's heap has grown RECLAIM_BYTES for each body passing above its low point. Reading it costs
- * about half a microsecond.
+ * Called as a large body's Buffers pass (so `passing` is at least 1): collects the young
+ * generation once the memory outside V8's heap has grown RECLAIM_BYTES for each body passing
+ * above its low point. Reading it costs about half a microsecond.
  */
-export function reclaim(): void {
+function reclaim(): void {
   if (!collect) return;
   const external = getHeapStatistics().external_memory;
   if (external < floor) floor = external;
-  if (external - floor < RECLAIM_BYTES * Math.max(1, passing)) return;
+  if (external - floor < RECLAIM_BYTES * passing) return;
   collect({ type: 'minor' });
-  floor = getHeapStatistics().external_memory;
+  // Its frees are swept on another thread and counted off some pieces later, so the readings
+  // after it, not the one just after, set the new floor.
+  floor = Infinity;
 }
 
-/** Bodies passing through `reclaiming` now. */
+/** For tests: how many bodies `reclaiming` is passing now. */
 export const bodiesPassing = (): number => passing;
 
 /** Passes `pieces` through, reclaiming as they go. */
