@@ -98,8 +98,9 @@ const envSchema = z.object({
   KEYFLEET_PREFIX: z.string().regex(/^\{[^{}]+\}$/, 'expected a hash tag such as {keyfleet}').default('{keyfleet}'),
   /**
    * Above this many items an `auto` request becomes a batch. The bench's crossover finds the
-   * sync path faster at every size it measures, but a sync request holds the API's event loop
-   * for its whole crypto: at 1,000 items about 5 ms, at 10,000 about 12 ms (README, Performance).
+   * sync path faster at nearly every size it measures, but a sync request holds the API's event
+   * loop for its whole crypto: at 1,000 items 2.5–5 ms, at 10,000 10–12 ms, by host (README,
+   * Performance).
    */
   SYNC_MAX_ITEMS: int(1, 100_000).default(1_000),
   /**
