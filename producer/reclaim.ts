@@ -32,8 +32,7 @@ import { getHeapStatistics } from 'node:v8';
  */
 export const RECLAIM_BYTES = 16 * 1024 * 1024;
 
-type Collect = (options: { type: 'minor' | 'major'; execution?: 'sync' | 'async' }) => void;
-const collect = (globalThis as { gc?: Collect }).gc;
+const collect = (globalThis as { gc?: (options: { type: 'minor' }) => void }).gc;
 
 /** The least memory outside the heap seen since the last collection asked for here. */
 let floor = Infinity;
@@ -51,8 +50,8 @@ function reclaim(): void {
   if (external < floor) floor = external;
   if (external - floor < RECLAIM_BYTES * passing) return;
   collect({ type: 'minor' });
-  // Its frees are swept on another thread and counted off some pieces later, so the readings
-  // after it, not the one just after, set the new floor.
+  // Its frees are swept on another thread and counted off some pieces later: the floor starts
+  // over from the readings after them, not from one taken at once.
   floor = Infinity;
 }
 
