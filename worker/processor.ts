@@ -102,7 +102,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     stopTimer();
     if (completion === 'progress' || completion === 'completed') {
       metrics.chunks.inc({ outcome: 'counted' });
-      metrics.countItems(data.op, ring.type, 'batch', outcome.succeeded, outcome.failed);
+      metrics.countItems(data.op, ring.type, outcome.succeeded, outcome.failed);
     } else {
       metrics.chunks.inc({ outcome: completion === 'duplicate' ? 'duplicate' : 'skipped' });
     }

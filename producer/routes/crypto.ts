@@ -76,7 +76,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         }
         const sealing = op === 'decrypt' ? undefined : (target ?? ring);
         if (sealing) keyPolicy.counted(tenant, sealing, outcome.succeeded);
-        metrics.countItems(op, ring.type, 'sync', outcome.succeeded, outcome.failed);
+        metrics.countItems(op, ring.type, outcome.succeeded, outcome.failed);
         // The body is already JSON, written by the kernel; fastify sends a string as it is,
         // without the response schema's serializer (the schema documents the shape).
         return { status: 200, contentType: JSON_TYPE, body: outcome.body };
