@@ -11,8 +11,9 @@ import { EXCHANGE_MS } from '../../producer/plugins/rate-limit.js';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { chunkJobId } from '../../shared/queue.js';
 import { RedisKeys } from '../../shared/redis.js';
+import { buildApp } from '../../producer/app.js';
 import { call, TestApis } from '../helpers/apps.js';
-import { testEnv, type TestTenant } from '../helpers/env.js';
+import { configFrom, testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // Each describe gets its own environment (prefix, master key, tokens) and its own limits.
@@ -158,6 +159,32 @@ describe('limits', () => {
     const field = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['a'], typo: 1 });
     expect(field.statusCode).toBe(400);
     expect(field.json().error.message).toMatch(/^body: /);
+  });
+
+  it('refuses a __proto__ or constructor key at the top of a JSON body as any unknown key, and fails an item object with one alone', async () => {
+    for (const key of ['__proto__', 'constructor']) {
+      const bodies = { '/v1/encrypt/serials': '{"items":["a"],', '/v1/keys/other-key': '{"type":"aes256-gcm96",' };
+      for (const [url, start] of Object.entries(bodies)) {
+        const res = await call(app, admin, 'POST', url, `${start}"${key}":{"polluted":true}}`, { 'content-type': 'application/json' });
+        expect(res.statusCode).toBe(400);
+        expect(res.json().error).toEqual({ code: 'KF_VALIDATION', message: `body: Unrecognized key: "${key}"` });
+      }
+    }
+    const item = await call(app, admin, 'POST', '/v1/encrypt/serials', '{"items":["a",{"plaintext":"b","__proto__":{"polluted":true}},"c"]}', { 'content-type': 'application/json' });
+    expect(item.json().results.map((r: any) => r.error?.code ?? 'ok')).toEqual(['ok', 'KF_INVALID_ITEM', 'ok']);
+    expect(({} as Record<string, unknown>)['polluted']).toBeUndefined();
+  });
+
+  it('refuses, as it is added, a route whose JSON body schema would take keys it does not name', async () => {
+    const fresh = await buildApp({ config: configFrom(env) });
+    try {
+      const handler = async () => ({});
+      expect(() => fresh.post('/v1/loose', { schema: { body: z.object({ a: z.string() }) } }, handler)).toThrow(/POST \/v1\/loose: a JSON body's schema must be a strict object/);
+      expect(() => fresh.post('/v1/loose-nullish', { schema: { body: z.looseObject({ a: z.string() }).nullish() } }, handler)).toThrow(/strict object/);
+      expect(() => fresh.post('/v1/strict', { schema: { body: z.object({ a: z.string() }).strict().nullish() } }, handler)).not.toThrow();
+    } finally {
+      await fresh.close();
+    }
   });
 
   it('fails an upload or a JSON body that sends nothing for UPLOAD_IDLE_SECONDS with 408 (and the upload’s batch), not one that keeps coming', async () => {
