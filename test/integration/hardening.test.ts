@@ -73,6 +73,17 @@ describe('limits', () => {
     await call(app, admin, 'DELETE', `/v1/batches/${batch.json().batchId}`);
   });
 
+  it('measures a sync item in UTF-8 bytes against MAX_ITEM_BYTES, in characters of one to four bytes', async () => {
+    // At most 64 bytes each (63 for the euros: the one item short enough to go unmeasured), then each one character longer.
+    const fit = ['y'.repeat(64), 'é'.repeat(32), '€'.repeat(21), '😀'.repeat(16)];
+    const over = ['y'.repeat(65), 'é'.repeat(33), '€'.repeat(22), '😀'.repeat(17)];
+    const res = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: [...fit, ...over] });
+    const results = res.json().results as Array<{ ciphertext?: string; error?: { code: string } }>;
+    expect(results.map((r) => r.error?.code ?? 'ok')).toEqual([...fit.map(() => 'ok'), ...over.map(() => 'KF_ITEM_TOO_LARGE')]);
+    const opened = await call(app, admin, 'POST', '/v1/decrypt/serials', { items: results.slice(0, fit.length).map((r) => r.ciphertext) });
+    expect(opened.json().results.map((r: { plaintext: string }) => r.plaintext)).toEqual(fit);
+  });
+
   it('refuses a batch of more than MAX_BATCH_ITEMS with 413, and that batch never runs (it counts as failed)', async () => {
     const failed = async () => Number(/^keyfleet_batches_total\{event="failed"[^}]*\} (\d+)$/m.exec((await app.inject('/metrics')).body)?.[1] ?? 0);
     const before = await failed();
