@@ -15,7 +15,8 @@ interface Entry {
 export class KeyCache {
   readonly #store: KeyStore;
   readonly #ttlMs: number;
-  readonly #entries = new Map<string, Entry>();
+  /** By tenant, then key name: no string is built per lookup. */
+  readonly #entries = new Map<string, Map<string, Entry>>();
 
   constructor(store: KeyStore, ttlMs: number) {
     this.#store = store;
@@ -33,21 +34,22 @@ export class KeyCache {
 
   /** The key with what the encrypt path checks (encryptions so far, age of the latest version). */
   async loaded(tenant: string, name: string, { fresh = false } = {}): Promise<LoadedKey> {
-    const id = `${tenant}\u0000${name}`;
+    let entries = this.#entries.get(tenant);
+    if (entries === undefined) this.#entries.set(tenant, (entries = new Map()));
     const now = Date.now();
-    let entry = this.#entries.get(id);
+    let entry = entries.get(name);
     if (!entry || fresh || now - entry.loadedAt > this.#ttlMs) {
       entry = { key: this.#store.load(tenant, name), loadedAt: now };
-      this.#entries.set(id, entry);
+      entries.set(name, entry);
       // A failed load must not stay cached.
       const loading = entry;
       loading.key.catch(() => {
-        if (this.#entries.get(id) === loading) this.#entries.delete(id);
+        if (entries.get(name) === loading) entries.delete(name);
       });
     }
     const key = await entry.key;
     if (!key) {
-      this.#entries.delete(id);
+      entries.delete(name);
       throw new KeyfleetError('KF_KEY_NOT_FOUND');
     }
     return key;
@@ -55,6 +57,6 @@ export class KeyCache {
 
   /** Drops a key after a local change (rotate, policy) so this process sees it at once. */
   forget(tenant: string, name: string): void {
-    this.#entries.delete(`${tenant}\u0000${name}`);
+    this.#entries.get(tenant)?.delete(name);
   }
 }

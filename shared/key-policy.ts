@@ -28,10 +28,13 @@ export class KeyPolicy {
   readonly #metrics: CryptoMetrics;
   readonly #logger: Logger;
   readonly #errors: ConnectionErrorLog;
-  /** Totals this process saw after its own increments, fresher than the cached load. */
-  readonly #counted = new Map<string, number>();
-  /** Encryptions made here and not yet written to Redis, by version. */
-  readonly #pending = new Map<string, { tenant: string; ring: KeyRing; count: number }>();
+  /**
+   * What this process knows of each version's encryptions, by tenant, key name and version:
+   * nested maps, so that the sync path looks a version up without building a string for it.
+   */
+  readonly #counts = new Map<string, Map<string, Map<number, VersionCount>>>();
+  /** Counts with encryptions not yet written to Redis. */
+  readonly #unwritten = new Set<VersionCount>();
   #flushTimer: NodeJS.Timeout | undefined;
   #maxUsed = 0;
   #closed = false;
@@ -59,7 +62,7 @@ export class KeyPolicy {
       throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy-aes256-cbc key only decrypts and rewraps (into another key with targetKey)');
     }
     const latest = key.ring.latestVersion;
-    const used = this.#used(tenant, name, latest, key.encryptions.get(latest) ?? 0);
+    const used = this.#used(this.#count(tenant, name, latest), key.encryptions.get(latest) ?? 0);
     const periodDue = key.autoRotatePeriod > 0 && Date.now() - key.latestCreatedMs >= key.autoRotatePeriod * 1000;
     const budgetDue = budgeted(key.ring) && this.#policy.rotateShare > 0 && used >= this.#policy.rotateShare * this.#policy.limit;
     if (periodDue || budgetDue) {
@@ -67,7 +70,7 @@ export class KeyPolicy {
       key = await this.#cache.loaded(tenant, name, { fresh: true });
     }
     const ring = version === undefined ? key.ring : pinned(key.ring, version);
-    const sealingUsed = this.#used(tenant, name, ring.latestVersion, key.encryptions.get(ring.latestVersion) ?? 0);
+    const sealingUsed = this.#used(this.#count(tenant, name, ring.latestVersion), key.encryptions.get(ring.latestVersion) ?? 0);
     if (budgeted(ring) && sealingUsed + count > this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
     return ring;
   }
@@ -75,7 +78,7 @@ export class KeyPolicy {
   /** Counts `count` encryptions under `ring`'s latest version; never throws (counting must not fail the work done). */
   counted(tenant: string, ring: KeyRing, count: number): void {
     if (count <= 0) return;
-    this.#pend(tenant, ring, count);
+    this.#pend(this.#count(tenant, ring.name, ring.latestVersion), ring, count);
     if (count >= COUNT_NOW) void this.flush();
     else this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
   }
@@ -90,12 +93,17 @@ export class KeyPolicy {
   async flush(): Promise<void> {
     clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
-    const entries = [...this.#pending.values()];
-    this.#pending.clear();
-    await Promise.all(entries.map(({ tenant, ring, count }) => this.#write(tenant, ring, count)));
+    const writes = [...this.#unwritten].map((entry) => {
+      const count = entry.pending;
+      entry.pending = 0;
+      return this.#write(entry, entry.ring!, count);
+    });
+    this.#unwritten.clear();
+    await Promise.all(writes);
   }
 
-  async #write(tenant: string, ring: KeyRing, count: number): Promise<void> {
+  async #write(entry: VersionCount, ring: KeyRing, count: number): Promise<void> {
+    const { tenant } = entry;
     const version = ring.latestVersion;
     let total: number;
     try {
@@ -108,7 +116,7 @@ export class KeyPolicy {
         this.#logger.error({ tenant, key: ring.name, version, count }, 'encryptions left uncounted at close');
         return;
       }
-      this.#pend(tenant, ring, count);
+      this.#pend(entry, ring, count);
       // Backing off: a Redis that refuses writes (out of memory, read-only) is not sent one more
       // 20 times a second by every replica.
       this.#refused++;
@@ -116,7 +124,7 @@ export class KeyPolicy {
       return;
     }
     this.#refused = 0;
-    this.#counted.set(this.#id(tenant, ring.name, version), total);
+    entry.counted = total;
     if (!budgeted(ring)) return;
     this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
     this.#metrics.nonceBudgetUsed.set(this.#maxUsed);
@@ -125,18 +133,27 @@ export class KeyPolicy {
     }
   }
 
-  /** Adds `count` to what waits to be written for `ring`'s latest version. */
-  #pend(tenant: string, ring: KeyRing, count: number): void {
-    const id = this.#id(tenant, ring.name, ring.latestVersion);
-    const entry = this.#pending.get(id);
-    if (entry) entry.count += count;
-    else this.#pending.set(id, { tenant, ring, count });
+  /** Adds `count` to what waits to be written for the version `entry` counts (`ring`'s latest). */
+  #pend(entry: VersionCount, ring: KeyRing, count: number): void {
+    entry.pending += count;
+    entry.ring = ring;
+    this.#unwritten.add(entry);
   }
 
   /** Encryptions under a version as far as this process knows: Redis's latest total, plus its own unwritten ones. */
-  #used(tenant: string, name: string, version: number, loaded: number): number {
-    const id = this.#id(tenant, name, version);
-    return Math.max(loaded, this.#counted.get(id) ?? 0) + (this.#pending.get(id)?.count ?? 0);
+  #used(entry: VersionCount, loaded: number): number {
+    return Math.max(loaded, entry.counted) + entry.pending;
+  }
+
+  /** The count of a version, made empty on first use. */
+  #count(tenant: string, name: string, version: number): VersionCount {
+    let names = this.#counts.get(tenant);
+    if (names === undefined) this.#counts.set(tenant, (names = new Map()));
+    let versions = names.get(name);
+    if (versions === undefined) names.set(name, (versions = new Map()));
+    let entry = versions.get(version);
+    if (entry === undefined) versions.set(version, (entry = { tenant, counted: 0, pending: 0, ring: undefined }));
+    return entry;
   }
 
   async #rotate(tenant: string, name: string, fromVersion: number, reason: 'period' | 'nonce_budget'): Promise<void> {
@@ -148,9 +165,17 @@ export class KeyPolicy {
     }
   }
 
-  #id(tenant: string, name: string, version: number): string {
-    return `${tenant}\u0000${name}\u0000${version}`;
-  }
+}
+
+/** One version's encryptions as this process knows them. */
+interface VersionCount {
+  readonly tenant: string;
+  /** Redis's total as this process last heard it (after its own increments): fresher than the cached load. */
+  counted: number;
+  /** Made here and not yet written to Redis. */
+  pending: number;
+  /** The ring that made the pending ones (the version is its latest). */
+  ring: KeyRing | undefined;
 }
 
 /** The ring sealing under a caller's keyVersion, or a clear 400. */
