@@ -31,6 +31,7 @@ export class KeyPolicy {
   /**
    * What this process knows of each version's encryptions, by tenant, key name and version:
    * nested maps, so that the sync path looks a version up without building a string for it.
+   * A key deleted and made again under its name starts afresh (its ring's incarnation).
    */
   readonly #counts = new Map<string, Map<string, Map<number, VersionCount>>>();
   /** Counts with encryptions not yet written to Redis. */
@@ -62,7 +63,7 @@ export class KeyPolicy {
       throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy-aes256-cbc key only decrypts and rewraps (into another key with targetKey)');
     }
     const latest = key.ring.latestVersion;
-    const used = this.#used(this.#count(tenant, name, latest), key.encryptions.get(latest) ?? 0);
+    const used = this.#used(this.#count(tenant, key.ring, latest), key.encryptions.get(latest) ?? 0);
     const periodDue = key.autoRotatePeriod > 0 && Date.now() - key.latestCreatedMs >= key.autoRotatePeriod * 1000;
     const budgetDue = budgeted(key.ring) && this.#policy.rotateShare > 0 && used >= this.#policy.rotateShare * this.#policy.limit;
     if (periodDue || budgetDue) {
@@ -70,7 +71,7 @@ export class KeyPolicy {
       key = await this.#cache.loaded(tenant, name, { fresh: true });
     }
     const ring = version === undefined ? key.ring : pinned(key.ring, version);
-    const sealingUsed = this.#used(this.#count(tenant, name, ring.latestVersion), key.encryptions.get(ring.latestVersion) ?? 0);
+    const sealingUsed = this.#used(this.#count(tenant, ring, ring.latestVersion), key.encryptions.get(ring.latestVersion) ?? 0);
     if (budgeted(ring) && sealingUsed + count > this.#policy.limit) throw new KeyfleetError('KF_NONCE_BUDGET_EXHAUSTED');
     return ring;
   }
@@ -78,7 +79,7 @@ export class KeyPolicy {
   /** Counts `count` encryptions under `ring`'s latest version; never throws (counting must not fail the work done). */
   counted(tenant: string, ring: KeyRing, count: number): void {
     if (count <= 0) return;
-    this.#pend(this.#count(tenant, ring.name, ring.latestVersion), ring, count);
+    this.#pend(this.#count(tenant, ring, ring.latestVersion), ring, count);
     if (count >= COUNT_NOW) void this.flush();
     else this.#flushTimer ??= setTimeout(() => void this.flush(), COUNT_FLUSH_MS).unref();
   }
@@ -107,7 +108,7 @@ export class KeyPolicy {
     const version = ring.latestVersion;
     let total: number;
     try {
-      total = await this.#cache.store.countEncryptions(tenant, ring.name, version, count);
+      total = await this.#cache.store.countEncryptions(tenant, ring.name, ring.incarnation, version, count);
     } catch (err) {
       this.#errors.report('nonce-budget', err as Error, 'could not count encryptions');
       // Dropped, they would let the version pass its budget unseen: kept and written with a
@@ -124,6 +125,8 @@ export class KeyPolicy {
       return;
     }
     this.#refused = 0;
+    // The key is gone: nothing is left for its nonces to repeat under.
+    if (total < 0) return;
     entry.counted = total;
     if (!budgeted(ring)) return;
     this.#maxUsed = Math.max(this.#maxUsed, total / this.#policy.limit);
@@ -145,14 +148,19 @@ export class KeyPolicy {
     return Math.max(loaded, entry.counted) + entry.pending;
   }
 
-  /** The count of a version, made empty on first use. */
-  #count(tenant: string, name: string, version: number): VersionCount {
+  /**
+   * The count of a version of `ring`'s key, made empty on first use and again for another making
+   * of the key (what the old one still has to write is written, or dropped, on its own).
+   */
+  #count(tenant: string, ring: KeyRing, version: number): VersionCount {
     let names = this.#counts.get(tenant);
     if (names === undefined) this.#counts.set(tenant, (names = new Map()));
-    let versions = names.get(name);
-    if (versions === undefined) names.set(name, (versions = new Map()));
+    let versions = names.get(ring.name);
+    if (versions === undefined) names.set(ring.name, (versions = new Map()));
     let entry = versions.get(version);
-    if (entry === undefined) versions.set(version, (entry = { tenant, counted: 0, pending: 0, ring: undefined }));
+    if (entry === undefined || entry.incarnation !== ring.incarnation) {
+      versions.set(version, (entry = { tenant, incarnation: ring.incarnation, counted: 0, pending: 0, ring: undefined }));
+    }
     return entry;
   }
 
@@ -170,6 +178,8 @@ export class KeyPolicy {
 /** One version's encryptions as this process knows them. */
 interface VersionCount {
   readonly tenant: string;
+  /** The making of the key it counts (KeyRing.incarnation). */
+  readonly incarnation: string;
   /** Redis's total as this process last heard it (after its own increments): fresher than the cached load. */
   counted: number;
   /** Made here and not yet written to Redis. */

@@ -9,12 +9,22 @@ import type { KeyInfo, KeyPolicyPatch } from './schemas.js';
 
 // Each script touches one key (the key's hash), so it runs unchanged on Redis Cluster.
 // Fields: type, conv, latest, minDec, createdAt, del (deletion allowed), arp (auto-rotate
-// period, s), m:{n} wrapped material, c:{n} version creation (ms), n:{n} encryptions.
+// period, s), id (this making of the key: one deleted and made again under its name has
+// another; keys made before it was kept have none), m:{n} wrapped material, c:{n} version
+// creation (ms), n:{n} encryptions.
 const CREATE = `
 local t = redis.call('HGET', KEYS[1], 'type')
 if t then return t .. ':' .. (redis.call('HGET', KEYS[1], 'conv') or '0') end
-redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'minEnc', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0)
+redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'minEnc', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0, 'id', ARGV[6])
 return ''`;
+
+// Counts encryptions only into the making of the key that made them: a count that arrives
+// after the key was deleted would otherwise leave a hash of its own, which a key made later
+// under the name would take over as its budget. -1: that key is gone.
+const COUNT = `
+local f = redis.call('HMGET', KEYS[1], 'type', 'id')
+if not f[1] or (f[2] or '') ~= ARGV[1] then return -1 end
+return redis.call('HINCRBY', KEYS[1], ARGV[2], ARGV[3])`;
 
 // Optimistic: the new version's material is wrapped (bound to its version) before the script
 // runs; if another rotation won the race, the script refuses and the caller retries.
@@ -67,7 +77,8 @@ return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number): Result<string, Context>;
+    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string): Result<string, Context>;
+    kfKeyCount(key: string, id: string, field: string, count: number): Result<number, Context>;
     kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number): Result<number, Context>;
     kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string): Result<number, Context>;
     kfKeyTrim(key: string, minAvailableVersion: number): Result<number, Context>;
@@ -109,6 +120,7 @@ export class KeyStore {
     redis.defineCommand('kfKeyPatch', { numberOfKeys: 1, lua: PATCH });
     redis.defineCommand('kfKeyTrim', { numberOfKeys: 1, lua: TRIM });
     redis.defineCommand('kfKeyDelete', { numberOfKeys: 1, lua: DELETE });
+    redis.defineCommand('kfKeyCount', { numberOfKeys: 1, lua: COUNT });
     redis.defineCommand('kfKeyRewrap', { numberOfKeys: 1, lua: REWRAP });
   }
 
@@ -116,7 +128,7 @@ export class KeyStore {
   async create(tenant: string, name: string, { type, convergent = false, material }: CreateKeyOptions): Promise<{ info: KeyInfo; created: boolean }> {
     const wrapped = this.#master.wrap(material ?? randomBytes(KEY_BYTES), tenant, name, 1);
     const now = new Date();
-    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime());
+    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime(), randomBytes(8).toString('hex'));
     if (existing !== '' && existing !== `${type}:${convergent ? '1' : '0'}`) {
       const [otherType, otherConv] = existing.split(':');
       throw new KeyfleetError('KF_KEY_EXISTS', `a key of that name exists with type ${otherType}${otherConv === '1' ? ', convergent' : ''}`);
@@ -209,9 +221,12 @@ export class KeyStore {
     return counts;
   }
 
-  /** Adds `count` encryptions under a version (KeyPolicy gathers them first); returns the new total. */
-  countEncryptions(tenant: string, name: string, version: number, count: number): Promise<number> {
-    return this.#redis.hincrby(this.#keys.key(tenant, name), `n:${version}`, count);
+  /**
+   * Adds `count` encryptions under a version of the key's making `incarnation` (KeyPolicy gathers
+   * them first); the new total, or -1 when that key is gone (deleted, perhaps made again).
+   */
+  countEncryptions(tenant: string, name: string, incarnation: string, version: number, count: number): Promise<number> {
+    return this.#redis.kfKeyCount(this.#keys.key(tenant, name), incarnation, `n:${version}`, count);
   }
 
   /** Loads and unwraps every version of a key; undefined when the key does not exist. */
@@ -240,6 +255,7 @@ export class KeyStore {
       latestVersion: latest,
       minDecryptionVersion: Number(fields['minDec']),
       minEncryptionVersion: Number(fields['minEnc'] ?? 1),
+      incarnation: fields['id'] ?? '',
       versions,
     });
     return {

@@ -18,6 +18,8 @@ export interface KeyRingData {
   readonly minDecryptionVersion: number;
   /** The lowest version a caller may ask to encrypt under (keyVersion); default 1. */
   readonly minEncryptionVersion?: number;
+  /** Which making of the key this is: one deleted and made again under its name is another (default ''). */
+  readonly incarnation?: string;
   readonly versions: ReadonlyArray<{ readonly version: number; readonly material: Uint8Array }>;
 }
 
@@ -66,6 +68,7 @@ export class KeyRing {
   readonly latestVersion: number;
   readonly minDecryptionVersion: number;
   readonly minEncryptionVersion: number;
+  readonly incarnation: string;
   readonly #data: KeyRingData;
   readonly #versions = new Map<number, VersionEntry>();
   #native: readonly NativeVersionEntry[] | undefined;
@@ -78,6 +81,7 @@ export class KeyRing {
     this.latestVersion = data.latestVersion;
     this.minDecryptionVersion = data.minDecryptionVersion;
     this.minEncryptionVersion = data.minEncryptionVersion ?? 1;
+    this.incarnation = data.incarnation ?? '';
     for (const v of data.versions) this.#versions.set(v.version, new VersionEntry(data.name, v.version, v.material));
     if (!this.#versions.has(this.latestVersion)) throw new Error(`key ring ${data.name}: latest version ${data.latestVersion} has no material`);
   }

@@ -256,6 +256,30 @@ describe('nonce budget and automatic rotation', () => {
     expect([await redis.hget(hash, 'n:1'), await redis.hget(hash, 'n:2')]).toEqual(['1', '2']);
   });
 
+  it('a key deleted and made again starts with a fresh budget, and a count of the old one does not bring it back', async () => {
+    const { env, admin } = testEnv({ NONCE_LIMIT: '5', NONCE_ROTATE_SHARE: '0' });
+    const app = await api(env);
+    const hash = `${env['KEYFLEET_PREFIX']}:key:acme:reborn`;
+    const made = async () => {
+      await call(app, admin, 'POST', '/v1/keys/reborn');
+      await call(app, admin, 'PATCH', '/v1/keys/reborn', { deletionAllowed: true });
+    };
+    await made();
+    await results(app, admin, 'encrypt', 'reborn', { items: Array(5).fill('x') });
+    for (let i = 0; i < 100 && (await redis.hget(hash, 'n:1')) !== '5'; i++) await sleep(20);
+    expect((await call(app, admin, 'POST', '/v1/encrypt/reborn', { items: ['y'] })).json().error.code).toBe('KF_NONCE_BUDGET_EXHAUSTED');
+    expect((await call(app, admin, 'DELETE', '/v1/keys/reborn')).statusCode).toBe(204);
+    await made();
+    // The same name and version, new material: its budget is its own, in this process too.
+    expect((await results(app, admin, 'encrypt', 'reborn', { items: Array(5).fill('z') })).every((r) => r.ciphertext?.startsWith('kf:v1:'))).toBe(true);
+
+    // Deleted before the count of its last encryptions is written: the count is dropped, not
+    // written into a hash of its own that a key made later under the name would take over.
+    expect((await call(app, admin, 'DELETE', '/v1/keys/reborn')).statusCode).toBe(204);
+    await app.services.keyPolicy.flush();
+    expect(await redis.exists(hash)).toBe(0);
+  });
+
   it('rotates a key whose autoRotatePeriod has passed before its next encryption', async () => {
     const { env, admin } = testEnv();
     const app = await api(env);
