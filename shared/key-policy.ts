@@ -94,13 +94,14 @@ export class KeyPolicy {
   async flush(): Promise<void> {
     clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
-    const writes = [...this.#unwritten].map((entry) => {
+    // Taken before any write starts: a write refused at once puts its count back for the next flush.
+    const entries = [...this.#unwritten];
+    this.#unwritten.clear();
+    await Promise.all(entries.map((entry) => {
       const count = entry.pending;
       entry.pending = 0;
       return this.#write(entry, entry.ring!, count);
-    });
-    this.#unwritten.clear();
-    await Promise.all(writes);
+    }));
   }
 
   async #write(entry: VersionCount, ring: KeyRing, count: number): Promise<void> {

@@ -197,6 +197,26 @@ describe('nonce budget and automatic rotation', () => {
     }
   });
 
+  it('keeps a count whose write fails before it starts (a synchronous throw) for the next flush', async () => {
+    const { env, admin } = testEnv();
+    const app = await apis.start(env);
+    await call(app, admin, 'POST', '/v1/keys/thrown');
+    const { store } = app.services.keyCache;
+    let thrown = 0;
+    store.countEncryptions = (...args) => {
+      if (thrown++ === 0) throw new Error('thrown before the write started');
+      return KeyStore.prototype.countEncryptions.apply(store, args);
+    };
+    try {
+      await results(app, admin, 'encrypt', 'thrown', { items: ['a', 'b'] });
+      const hash = `${env['KEYFLEET_PREFIX']}:key:acme:thrown`;
+      for (let i = 0; i < 100 && (await redis.hget(hash, 'n:1')) !== '2'; i++) await sleep(20);
+      expect([thrown, await redis.hget(hash, 'n:1')]).toEqual([2, '2']);
+    } finally {
+      delete (store as Partial<typeof store>).countEncryptions;
+    }
+  });
+
   it('refuses to encrypt past NONCE_LIMIT under one version (409) when rotation is left to the operator, and still decrypts', async () => {
     const { env, admin } = testEnv({ NONCE_LIMIT: '5', NONCE_ROTATE_SHARE: '0' });
     const app = await api(env);
