@@ -4,6 +4,7 @@ import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
+import { KeyChanges } from '../shared/key-changes.js';
 import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import { MasterKey } from '../shared/master-key.js';
@@ -55,6 +56,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const webhookQueue = createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds, errors });
   const webhooks = new WebhookSender(webhookQueue, { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
+  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache);
   const metrics = new ApiMetrics(registry);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
   return {
@@ -72,6 +74,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     webhooks,
     connectionErrors: errors,
     async close() {
+      keyChanges.close();
       await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.close()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);
     },

@@ -13,6 +13,7 @@ export { itemLimit, type Encoding } from './crypto/items.js';
 export { resolveKernel, runChunkInto, type KernelChoice, type KernelOutput } from './crypto/kernel.js';
 export { nativeKernel } from './crypto/native-kernel.js';
 export { KeyCache } from './key-cache.js';
+export { KeyChanges } from './key-changes.js';
 export { KeyStore, type CreateKeyOptions, type LoadedKey } from './key-store.js';
 export { KeyPolicy, type NoncePolicy } from './key-policy.js';
 export { createLogger, errorForLog, type Logger } from './logger.js';

@@ -8,9 +8,11 @@ interface Entry {
 }
 
 /**
- * Per-process cache of unwrapped keys. An entry is trusted for `ttlMs` (so a rotation reaches
- * every process within that time); callers that meet a ciphertext of a newer version than the
- * cached latest ask for a fresh load at once, so a fresh version never fails to decrypt.
+ * Per-process cache of unwrapped keys. A change to a key (made, rotated, policy, trimmed,
+ * deleted) is announced to every process, which forgets its entry (key-changes.ts); an entry
+ * is trusted for `ttlMs` at most, the bound when an announcement is lost. Callers that meet a
+ * ciphertext of a newer version than the cached latest ask for a fresh load at once, so a
+ * fresh version never fails to decrypt.
  */
 export class KeyCache {
   readonly #store: KeyStore;
@@ -55,8 +57,13 @@ export class KeyCache {
     return key;
   }
 
-  /** Drops a key after a local change (rotate, policy) so this process sees it at once. */
+  /** Drops a key after a change (rotate, policy, delete) so this process sees it at once. */
   forget(tenant: string, name: string): void {
     this.#entries.get(tenant)?.delete(name);
+  }
+
+  /** Drops every key: after changes this process may not have heard of. */
+  clear(): void {
+    this.#entries.clear();
   }
 }

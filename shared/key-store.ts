@@ -11,11 +11,14 @@ import type { KeyInfo, KeyPolicyPatch } from './schemas.js';
 // Fields: type, conv, latest, minDec, createdAt, del (deletion allowed), arp (auto-rotate
 // period, s), id (this making of the key: one deleted and made again under its name has
 // another; keys made before it was kept have none), m:{n} wrapped material, c:{n} version
-// creation (ms), n:{n} encryptions.
+// creation (ms), n:{n} encryptions. A script that changes what a process caches (KeyCache)
+// publishes the key's Redis name on the key-changes channel, its last ARGV, in the same step:
+// every process forgets its copy at once (key-changes.ts), not when its KEY_CACHE_TTL_MS ends.
 const CREATE = `
 local t = redis.call('HGET', KEYS[1], 'type')
 if t then return t .. ':' .. (redis.call('HGET', KEYS[1], 'conv') or '0') end
 redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'minEnc', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0, 'id', ARGV[6])
+redis.call('PUBLISH', ARGV[7], KEYS[1])
 return ''`;
 
 // Counts encryptions only into the making of the key that made them: a count that arrives
@@ -34,6 +37,7 @@ if not l then return -1 end
 if l ~= ARGV[1] then return -2 end
 local n = tonumber(l) + 1
 redis.call('HSET', KEYS[1], 'latest', n, 'm:' .. n, ARGV[2], 'c:' .. n, ARGV[3])
+redis.call('PUBLISH', ARGV[4], KEYS[1])
 return n`;
 
 // Policy changes in one script: ARGV minDec, del, arp, minEnc ('' = unchanged).
@@ -50,6 +54,7 @@ for i, field in ipairs({ 'minDec', 'minEnc' }) do
 end
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'del', ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'arp', ARGV[3]) end
+redis.call('PUBLISH', ARGV[5], KEYS[1])
 return 1`;
 
 // Removes the material of versions below ARGV[1], which must not be above minDec.
@@ -60,6 +65,7 @@ local below = tonumber(ARGV[1])
 if below < 1 or below > tonumber(minDec) then return -2 end
 local removed = 0
 for v = 1, below - 1 do removed = removed + redis.call('HDEL', KEYS[1], 'm:' .. v, 'c:' .. v, 'n:' .. v) end
+redis.call('PUBLISH', ARGV[2], KEYS[1])
 return removed`;
 
 // Replaces one wrapped version only if it is still what was read (a rotation may race).
@@ -73,16 +79,17 @@ local del = redis.call('HGET', KEYS[1], 'del')
 if not del then return -1 end
 if del ~= '1' then return -2 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], KEYS[1])
 return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string): Result<string, Context>;
+    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string, changes: string): Result<string, Context>;
     kfKeyCount(key: string, id: string, field: string, count: number): Result<number, Context>;
-    kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number): Result<number, Context>;
-    kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string): Result<number, Context>;
-    kfKeyTrim(key: string, minAvailableVersion: number): Result<number, Context>;
-    kfKeyDelete(key: string): Result<number, Context>;
+    kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number, changes: string): Result<number, Context>;
+    kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string, changes: string): Result<number, Context>;
+    kfKeyTrim(key: string, minAvailableVersion: number, changes: string): Result<number, Context>;
+    kfKeyDelete(key: string, changes: string): Result<number, Context>;
     kfKeyRewrap(key: string, field: string, expected: string, wrapped: string): Result<number, Context>;
   }
 }
@@ -128,7 +135,7 @@ export class KeyStore {
   async create(tenant: string, name: string, { type, convergent = false, material }: CreateKeyOptions): Promise<{ info: KeyInfo; created: boolean }> {
     const wrapped = this.#master.wrap(material ?? randomBytes(KEY_BYTES), tenant, name, 1);
     const now = new Date();
-    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime(), randomBytes(8).toString('hex'));
+    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime(), randomBytes(8).toString('hex'), this.#keys.keyChanges);
     if (existing !== '' && existing !== `${type}:${convergent ? '1' : '0'}`) {
       const [otherType, otherConv] = existing.split(':');
       throw new KeyfleetError('KF_KEY_EXISTS', `a key of that name exists with type ${otherType}${otherConv === '1' ? ', convergent' : ''}`);
@@ -161,7 +168,7 @@ export class KeyStore {
       if (type === 'legacy-aes256-cbc') throw new KeyfleetError('KF_KEY_OPERATION_UNSUPPORTED', 'a legacy key holds imported material only; it is not rotated');
       if (ifLatest !== undefined && latestVersion !== ifLatest) return this.info(tenant, name);
       const wrapped = this.#master.wrap(randomBytes(KEY_BYTES), tenant, name, latestVersion + 1);
-      const result = await this.#redis.kfKeyRotate(this.#keys.key(tenant, name), String(latestVersion), wrapped, Date.now());
+      const result = await this.#redis.kfKeyRotate(this.#keys.key(tenant, name), String(latestVersion), wrapped, Date.now(), this.#keys.keyChanges);
       if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
       if (result > 0) return this.info(tenant, name);
     }
@@ -170,7 +177,7 @@ export class KeyStore {
 
   async patch(tenant: string, name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
     const arg = (v: number | boolean | undefined) => (v === undefined ? '' : typeof v === 'boolean' ? (v ? '1' : '0') : String(v));
-    const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod), arg(patch.minEncryptionVersion));
+    const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod), arg(patch.minEncryptionVersion), this.#keys.keyChanges);
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID');
     return this.info(tenant, name);
@@ -178,7 +185,7 @@ export class KeyStore {
 
   /** Deletes the material of versions below `minAvailableVersion` (at most minDecryptionVersion): those ciphertexts are gone for good. */
   async trim(tenant: string, name: string, minAvailableVersion: number): Promise<KeyInfo> {
-    const result = await this.#redis.kfKeyTrim(this.#keys.key(tenant, name), minAvailableVersion);
+    const result = await this.#redis.kfKeyTrim(this.#keys.key(tenant, name), minAvailableVersion, this.#keys.keyChanges);
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID', 'minAvailableVersion must be between 1 and minDecryptionVersion');
     return this.info(tenant, name);
@@ -186,7 +193,7 @@ export class KeyStore {
 
   /** Deletes a key that was marked `deletionAllowed`. */
   async delete(tenant: string, name: string): Promise<void> {
-    const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name));
+    const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name), this.#keys.keyChanges);
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_DELETION_NOT_ALLOWED');
   }

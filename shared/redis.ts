@@ -131,6 +131,19 @@ export class RedisKeys {
     return `${this.prefix}:key:${tenant}:${name}`;
   }
 
+  /** The tenant and name of a key's Redis name (`key()`); undefined for any other name. */
+  keyOf(redisKey: string): { tenant: string; name: string } | undefined {
+    const head = `${this.prefix}:key:`;
+    // Tenants and key names hold no colon (tokens.ts, KEY_NAME).
+    const [tenant, name, ...rest] = redisKey.startsWith(head) ? redisKey.slice(head.length).split(':') : [];
+    return tenant && name && rest.length === 0 ? { tenant, name } : undefined;
+  }
+
+  /** The channel on which the key store's scripts publish the Redis name of a key they changed. */
+  get keyChanges(): string {
+    return `${this.prefix}:key-changes`;
+  }
+
   batch(id: string): string {
     return `${this.prefix}:batch:${id}`;
   }

@@ -4,6 +4,7 @@ import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
 import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
+import { KeyChanges } from '../shared/key-changes.js';
 import { KeyPolicy } from '../shared/key-policy.js';
 import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
@@ -48,6 +49,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   });
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey)), config.keyCacheTtlMs);
+  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache);
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, priority: config.workerPriority });
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
@@ -119,6 +121,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
       const closed = new Promise<void>((done) => http.server.close(() => done()));
       http.server.closeAllConnections();
       await closed;
+      keyChanges.close();
       await Promise.allSettled([redis.quit(), worker.disconnect()]);
     },
   };

@@ -6,7 +6,11 @@ import { resolve } from 'node:path';
 import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { KeyCache } from '../../shared/key-cache.js';
+import { KeyChanges } from '../../shared/key-changes.js';
 import { KeyStore } from '../../shared/key-store.js';
+import { MasterKey } from '../../shared/master-key.js';
+import { RedisKeys } from '../../shared/redis.js';
 import { createLogger } from '../../shared/logger.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { bearer, testEnv, type TestTenant } from '../helpers/env.js';
@@ -368,6 +372,91 @@ describe('key lifecycle', () => {
     for (const body of [{}, { autoRotatePeriod: -1 }, { deletionAllowed: 'yes' }, { minDecryptionVersion: 5 }]) {
       const res = await call(app, admin, 'PATCH', '/v1/keys/policy', body);
       expect(res.statusCode, JSON.stringify(body)).toBe(400);
+    }
+  });
+});
+
+describe('key changes reach every process at once', () => {
+  // Cached copies trusted for ten minutes: only the announcement of a change can make a process
+  // see it within a test's time.
+  const { env, admin } = testEnv({ KEY_CACHE_TTL_MS: '600000', SYNC_MAX_ITEMS: '100', CHUNK_ITEMS: '40' });
+  /** Runs `attempt` until it gives true, every 20 ms for at most 3 s; whether it did. */
+  const soon = async (attempt: () => Promise<boolean>): Promise<boolean> => {
+    for (let i = 0; i < 150; i++) {
+      if (await attempt()) return true;
+      await sleep(20);
+    }
+    return false;
+  };
+
+  it('a key deleted and made again under its name is what every API and worker seals under next, not a cached copy of the old one', async () => {
+    const [a, b] = [await api(env), await api(env)];
+    workers.push(await startWorker(env));
+    const make = async () => {
+      expect((await call(a, admin, 'POST', '/v1/keys/phoenix')).statusCode).toBe(201);
+      await call(a, admin, 'PATCH', '/v1/keys/phoenix', { deletionAllowed: true });
+    };
+    const batch = async (items: string[]) => {
+      const id = (await call(a, admin, 'POST', '/v1/encrypt/phoenix', { items, mode: 'async' })).json().batchId;
+      expect(await waitFor(a, admin, id)).toMatchObject({ status: 'completed', succeeded: items.length });
+      return (await batchResults(a, admin, id)).map((l) => l.ciphertext as string);
+    };
+    await make();
+    // API b and the worker each hold the first key now.
+    await results(b, admin, 'encrypt', 'phoenix', { items: ['old'] });
+    await batch(['old-1', 'old-2']);
+
+    expect((await call(a, admin, 'DELETE', '/v1/keys/phoenix')).statusCode).toBe(204);
+    await make();
+    // API a made the change and forgot at once; b hears of it.
+    const sealedByB = await soon(async () => {
+      const [sealed] = await results(b, admin, 'encrypt', 'phoenix', { items: ['new'] });
+      return (await results(a, admin, 'decrypt', 'phoenix', { items: [sealed!.ciphertext!] }))[0]!.plaintext === 'new';
+    });
+    expect(sealedByB).toBe(true);
+    const items = Array.from({ length: 60 }, (_, i) => `new-${i}`);
+    expect((await results(a, admin, 'decrypt', 'phoenix', { items: await batch(items) })).map((r) => r.plaintext ?? r.error!.code)).toEqual(items);
+  });
+
+  it('a rotation, and a raised minDecryptionVersion, made through one API hold in another at once', async () => {
+    const [a, b] = [await api(env), await api(env)];
+    await call(a, admin, 'POST', '/v1/keys/turning');
+    const [v1] = await results(b, admin, 'encrypt', 'turning', { items: ['first'] });
+    expect(v1!.ciphertext).toMatch(/^kf:v1:/);
+    await call(a, admin, 'POST', '/v1/keys/turning/rotate');
+    expect(await soon(async () => (await results(b, admin, 'encrypt', 'turning', { items: ['second'] }))[0]!.ciphertext!.startsWith('kf:v2:'))).toBe(true);
+    await call(a, admin, 'PATCH', '/v1/keys/turning', { minDecryptionVersion: 2 });
+    expect(await soon(async () => (await results(b, admin, 'decrypt', 'turning', { items: [v1!.ciphertext!] }))[0]!.error?.code === 'KF_KEY_VERSION_DISABLED')).toBe(true);
+  });
+
+  it('a change announced while a process was not listening is not missed: its cache starts over when it listens again', async () => {
+    const url = env['REDIS_URL']!;
+    const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+    const master = new MasterKey(Buffer.from(env['KEYFLEET_MASTER_KEY']!, 'base64'));
+    const [own, other] = [new Redis(url), new Redis(url)];
+    const name = `kft-sub-${randomBytes(4).toString('hex')}`;
+    const subscriber = new Redis(url, { connectionName: name });
+    const cache = new KeyCache(new KeyStore(own, keys, master), 600_000);
+    const changes = new KeyChanges(subscriber, keys, cache);
+    try {
+      const elsewhere = new KeyStore(other, keys, master);
+      await elsewhere.create('acme', 'unheard', { type: 'aes256-gcm96' });
+      expect((await cache.get('acme', 'unheard')).latestVersion).toBe(1);
+      // Announced: forgotten.
+      await elsewhere.rotate('acme', 'unheard');
+      expect(await soon(async () => (await cache.get('acme', 'unheard')).latestVersion === 2)).toBe(true);
+
+      // The subscriber's connection is cut and the key rotates before it is back (ioredis waits
+      // 50 ms before its first reconnect): that announcement reaches no one.
+      const clients = (await own.call('CLIENT', 'LIST', 'TYPE', 'pubsub')) as string;
+      const listed = [...clients.matchAll(/(?:^|\n)id=(\d+) .* name=(\S+)/g)].find((m) => m[2] === name);
+      expect(listed).toBeDefined();
+      await own.client('KILL', 'ID', listed![1]!);
+      await elsewhere.rotate('acme', 'unheard');
+      expect(await soon(async () => (await cache.get('acme', 'unheard')).latestVersion === 3)).toBe(true);
+    } finally {
+      changes.close();
+      await Promise.all([own.quit(), other.quit()]);
     }
   });
 });
