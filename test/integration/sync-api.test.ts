@@ -208,6 +208,21 @@ describe('auth and input errors', () => {
     expect(badName.statusCode).toBe(400);
   });
 
+  it('takes an empty body sent as application/json as no body: a rotate or a DELETE goes through, a route that needs a body says so', async () => {
+    const empty = (method: 'POST' | 'PATCH' | 'DELETE', url: string) => app.inject({ method, url, headers: { ...bearer(admin), 'content-type': 'application/json' }, payload: '' });
+    expect((await empty('POST', '/v1/keys/headered')).statusCode).toBe(201);
+    expect((await empty('POST', '/v1/keys/headered/rotate')).json().latestVersion).toBe(2);
+    const noItems = await empty('POST', '/v1/encrypt/headered');
+    expect(noItems.statusCode).toBe(400);
+    expect(noItems.json().error).toMatchObject({ code: 'KF_VALIDATION', message: expect.stringMatching(/^body: /) });
+    expect((await empty('PATCH', '/v1/keys/headered')).json().error.code).toBe('KF_VALIDATION');
+    await app.inject({ method: 'PATCH', url: '/v1/keys/headered', headers: bearer(admin), payload: { deletionAllowed: true } });
+    expect((await empty('DELETE', '/v1/keys/headered')).statusCode).toBe(204);
+    // Whitespace is not nothing: it is JSON text that holds no value.
+    const blank = await app.inject({ method: 'POST', url: '/v1/keys/headered/rotate', headers: { ...bearer(admin), 'content-type': 'application/json' }, payload: ' ' });
+    expect(blank.json().error.code).toBe('KF_INVALID_JSON');
+  });
+
   it('keeps secrets out of the logs', async () => {
     await encrypt('licences', ['TOP-SECRET-SERIAL-42']);
     const logs = logLines.join('');
