@@ -56,7 +56,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const webhookQueue = createWebhookQueue(queueRedis, keys, { keepSeconds: config.resultTtlSeconds, errors });
   const webhooks = new WebhookSender(webhookQueue, { secret: config.webhookSecret, allowedHosts: config.webhookAllowedHosts, logger });
   const keyCache = new KeyCache(keyStore, config.keyCacheTtlMs);
-  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache);
+  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache, errors);
   const metrics = new ApiMetrics(registry);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
   return {

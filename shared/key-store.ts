@@ -40,18 +40,16 @@ redis.call('HSET', KEYS[1], 'latest', n, 'm:' .. n, ARGV[2], 'c:' .. n, ARGV[3])
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return n`;
 
-// Policy changes in one script: ARGV minDec, del, arp, minEnc ('' = unchanged).
+// Policy changes in one script: ARGV minDec, del, arp, minEnc ('' = unchanged). Both versions
+// are checked before anything is written: a refused patch changes nothing.
 const PATCH = `
 local l = redis.call('HGET', KEYS[1], 'latest')
 if not l then return -1 end
-for i, field in ipairs({ 'minDec', 'minEnc' }) do
-  local arg = ARGV[i == 1 and 1 or 4]
-  if arg ~= '' then
-    local v = tonumber(arg)
-    if v < 1 or v > tonumber(l) then return -2 end
-    redis.call('HSET', KEYS[1], field, v)
-  end
+for _, arg in ipairs({ ARGV[1], ARGV[4] }) do
+  if arg ~= '' and (tonumber(arg) < 1 or tonumber(arg) > tonumber(l)) then return -2 end
 end
+if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'minDec', ARGV[1]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'minEnc', ARGV[4]) end
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'del', ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'arp', ARGV[3]) end
 redis.call('PUBLISH', ARGV[5], KEYS[1])

@@ -49,7 +49,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   });
   const batches = new BatchStore(redis, keys, { resultTtlSeconds: config.resultTtlSeconds, uploadIdleSeconds: config.uploadIdleSeconds, sealer: new AtRestSealer(masterKey, config.previousMasterKey) });
   const keyCache = new KeyCache(new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey)), config.keyCacheTtlMs);
-  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache);
+  const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache, errors);
   const pool = new CryptoPool({ threads: config.workerThreads, kernel: config.kernel, priority: config.workerPriority });
   const metrics = new WorkerMetrics(registry, pool);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);

@@ -10,7 +10,7 @@ import { KeyCache } from '../../shared/key-cache.js';
 import { KeyChanges } from '../../shared/key-changes.js';
 import { KeyStore } from '../../shared/key-store.js';
 import { MasterKey } from '../../shared/master-key.js';
-import { RedisKeys } from '../../shared/redis.js';
+import { ConnectionErrorLog, RedisKeys } from '../../shared/redis.js';
 import { createLogger } from '../../shared/logger.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { bearer, testEnv, type TestTenant } from '../helpers/env.js';
@@ -367,12 +367,16 @@ describe('key lifecycle', () => {
     expect((await call(app, admin, 'POST', '/v1/decrypt/pinned', { items: [v2], keyVersion: 2 })).statusCode).toBe(400);
   });
 
-  it('refuses empty and invalid policy changes with 400', async () => {
+  it('refuses empty and invalid policy changes with 400, and a refused change changes nothing', async () => {
     await call(app, admin, 'POST', '/v1/keys/policy');
-    for (const body of [{}, { autoRotatePeriod: -1 }, { deletionAllowed: 'yes' }, { minDecryptionVersion: 5 }]) {
+    await call(app, admin, 'POST', '/v1/keys/policy/rotate');
+    const before = (await call(app, admin, 'GET', '/v1/keys/policy')).json();
+    const bodies = [{}, { autoRotatePeriod: -1 }, { deletionAllowed: 'yes' }, { minDecryptionVersion: 5 }, { minDecryptionVersion: 2, minEncryptionVersion: 5 }, { minEncryptionVersion: 3, deletionAllowed: true }];
+    for (const body of bodies) {
       const res = await call(app, admin, 'PATCH', '/v1/keys/policy', body);
       expect(res.statusCode, JSON.stringify(body)).toBe(400);
     }
+    expect((await call(app, admin, 'GET', '/v1/keys/policy')).json()).toEqual(before);
   });
 });
 
@@ -447,7 +451,8 @@ describe('key changes reach every process at once', () => {
       expect(await soon(async () => (await cache.get('acme', 'unheard')).latestVersion === 2)).toBe(true);
 
       // The subscriber's connection is cut and the key rotates before it is back (ioredis waits
-      // 50 ms before its first reconnect): that announcement reaches no one.
+      // at least 50 ms before its first reconnect; a rotation takes a few): that announcement
+      // reaches no one.
       const clients = (await own.call('CLIENT', 'LIST', 'TYPE', 'pubsub')) as string;
       const listed = [...clients.matchAll(/(?:^|\n)id=(\d+) .* name=(\S+)/g)].find((m) => m[2] === name);
       expect(listed).toBeDefined();
@@ -457,6 +462,38 @@ describe('key changes reach every process at once', () => {
     } finally {
       changes.close();
       await Promise.all([own.quit(), other.quit()]);
+    }
+  });
+
+  it('a subscription Redis refuses is said in the log and tried again until it holds', async () => {
+    const user = `kft-deaf-${randomBytes(4).toString('hex')}`;
+    const password = randomBytes(12).toString('hex');
+    const root = new Redis(env['REDIS_URL']!);
+    // Every command and key, no pub/sub channel: the SUBSCRIBE is refused (NOPERM).
+    await root.call('ACL', 'SETUSER', user, 'on', `>${password}`, '~*', 'resetchannels', '+@all');
+    const url = new URL(env['REDIS_URL']!);
+    url.username = user;
+    url.password = password;
+    const lines: string[] = [];
+    const log = createLogger({ level: 'info', name: 'test', destination: new Writable({ write: (chunk, _enc, done) => (lines.push(String(chunk)), done()) }) });
+    const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+    const master = new MasterKey(Buffer.from(env['KEYFLEET_MASTER_KEY']!, 'base64'));
+    const cache = new KeyCache(new KeyStore(root, keys, master), 600_000);
+    const changes = new KeyChanges(new Redis(url.toString()), keys, cache, new ConnectionErrorLog(log));
+    try {
+      expect(await soon(async () => lines.some((l) => l.includes('key changes not heard: subscribe failed; retrying')))).toBe(true);
+      expect(lines.join('')).not.toContain(password);
+      const store = new KeyStore(root, keys, master);
+      await store.create('acme', 'deaf', { type: 'aes256-gcm96' });
+      expect((await cache.get('acme', 'deaf')).latestVersion).toBe(1);
+      // Allowed now: the next try (within a second) holds, and drops what it may have missed.
+      await root.call('ACL', 'SETUSER', user, 'allchannels');
+      await store.rotate('acme', 'deaf');
+      expect(await soon(async () => (await cache.get('acme', 'deaf')).latestVersion === 2)).toBe(true);
+    } finally {
+      changes.close();
+      await root.call('ACL', 'DELUSER', user);
+      await root.quit();
     }
   });
 });
