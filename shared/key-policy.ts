@@ -194,7 +194,7 @@ function pinned(ring: KeyRing, version: number): KeyRing {
   try {
     return ring.pinned(version);
   } catch {
-    throw new KeyfleetError('KF_KEY_VERSION_INVALID', `keyVersion must be between minEncryptionVersion (${ring.minEncryptionVersion}) and the latest version (${ring.latestVersion}) of a version that still exists`);
+    throw new KeyfleetError('KF_KEY_VERSION_INVALID', `keyVersion must be between ${ring.minSealingVersion} (minEncryptionVersion or minDecryptionVersion, the higher) and the latest version (${ring.latestVersion}), of a version that still exists`);
   }
 }
 

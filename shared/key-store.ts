@@ -41,12 +41,17 @@ redis.call('PUBLISH', ARGV[4], KEYS[1])
 return n`;
 
 // Policy changes in one script: ARGV minDec, del, arp, minEnc ('' = unchanged). Both versions
-// are checked before anything is written: a refused patch changes nothing.
+// are checked before anything is written: a refused patch changes nothing. A version whose
+// material was trimmed (trim removes 1..n-1, so every version from one that exists on does too)
+// can be neither: minDec may not come back down over deleted material.
 const PATCH = `
 local l = redis.call('HGET', KEYS[1], 'latest')
 if not l then return -1 end
 for _, arg in ipairs({ ARGV[1], ARGV[4] }) do
-  if arg ~= '' and (tonumber(arg) < 1 or tonumber(arg) > tonumber(l)) then return -2 end
+  if arg ~= '' then
+    if tonumber(arg) < 1 or tonumber(arg) > tonumber(l) then return -2 end
+    if redis.call('HEXISTS', KEYS[1], 'm:' .. arg) == 0 then return -3 end
+  end
 end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'minDec', ARGV[1]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'minEnc', ARGV[4]) end
@@ -178,6 +183,7 @@ export class KeyStore {
     const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod), arg(patch.minEncryptionVersion), this.#keys.keyChanges);
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID');
+    if (result === -3) throw new KeyfleetError('KF_KEY_VERSION_INVALID', 'that version was trimmed: its material is gone');
     return this.info(tenant, name);
   }
 

@@ -95,14 +95,19 @@ export class KeyRing {
     return this.#versions.get(v);
   }
 
+  /** The lowest version that may seal: none below minDecryptionVersion, whose ciphertexts would not open. */
+  get minSealingVersion(): number {
+    return Math.max(this.minEncryptionVersion, this.minDecryptionVersion);
+  }
+
   /**
    * The same ring sealing under `version` (a caller's keyVersion): it must lie between
-   * minEncryptionVersion and the latest, and still have its material.
+   * minSealingVersion and the latest, and still have its material.
    */
   pinned(version: number): KeyRing {
     if (version === this.latestVersion) return this;
-    if (version < this.minEncryptionVersion || version > this.latestVersion || !this.#versions.has(version)) {
-      throw new RangeError(`key ${this.name}: keyVersion ${version} is outside ${this.minEncryptionVersion}..${this.latestVersion}`);
+    if (version < this.minSealingVersion || version > this.latestVersion || !this.#versions.has(version)) {
+      throw new RangeError(`key ${this.name}: keyVersion ${version} is outside ${this.minSealingVersion}..${this.latestVersion}`);
     }
     return new KeyRing({ ...this.#data, latestVersion: version, versions: this.#data.versions.filter((v) => v.version <= version) });
   }

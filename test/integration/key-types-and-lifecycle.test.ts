@@ -335,9 +335,9 @@ describe('key lifecycle', () => {
     await call(app, admin, 'PATCH', '/v1/keys/old', { minDecryptionVersion: 2 });
     expect((await call(app, admin, 'POST', '/v1/keys/old/trim', { minAvailableVersion: 2 })).statusCode).toBe(200);
     expect(await redis.hexists(`${env['KEYFLEET_PREFIX']}:key:acme:old`, 'm:1')).toBe(0);
-    // Lowering minDecryptionVersion again cannot bring v1 back: its material is gone.
-    await call(app, admin, 'PATCH', '/v1/keys/old', { minDecryptionVersion: 1 });
-    expect((await results(app, admin, 'decrypt', 'old', { items: [v1, v2] })).map((r) => r.plaintext ?? r.error!.code)).toEqual(['KF_DECRYPT_FAILED', 'two']);
+    // Nothing brings v1 back: its material is gone, and minDecryptionVersion cannot come back down over it.
+    expect((await call(app, admin, 'PATCH', '/v1/keys/old', { minDecryptionVersion: 1 })).statusCode).toBe(400);
+    expect((await results(app, admin, 'decrypt', 'old', { items: [v1, v2] })).map((r) => r.plaintext ?? r.error!.code)).toEqual(['KF_KEY_VERSION_DISABLED', 'two']);
 
     const refused = await call(app, admin, 'DELETE', '/v1/keys/old');
     expect(refused.statusCode).toBe(409);
@@ -365,6 +365,31 @@ describe('key lifecycle', () => {
     expect((await results(app, admin, 'encrypt', 'pinned', { items: ['x'] }))[0]!.ciphertext).toMatch(/^kf:v3:/);
     expect((await call(app, admin, 'PATCH', '/v1/keys/pinned', { minEncryptionVersion: 4 })).statusCode).toBe(400);
     expect((await call(app, admin, 'POST', '/v1/decrypt/pinned', { items: [v2], keyVersion: 2 })).statusCode).toBe(400);
+
+    // Nor below minDecryptionVersion, whatever minEncryptionVersion says: it would seal what
+    // could not be opened.
+    await call(app, admin, 'PATCH', '/v1/keys/pinned', { minEncryptionVersion: 1, minDecryptionVersion: 3 });
+    const belowOpening = await encryptAt(2);
+    expect(belowOpening.statusCode).toBe(400);
+    expect(belowOpening.json().error).toMatchObject({ code: 'KF_KEY_VERSION_INVALID', message: expect.stringContaining('between 3') });
+    expect((await encryptAt(3)).json().results[0].ciphertext).toMatch(/^kf:v3:/);
+  });
+
+  it('keeps trimmed versions trimmed: neither minimum comes back down over deleted material', async () => {
+    await call(app, admin, 'POST', '/v1/keys/trimmed');
+    await call(app, admin, 'POST', '/v1/keys/trimmed/rotate');
+    await call(app, admin, 'POST', '/v1/keys/trimmed/rotate');
+    const [v1] = await results(app, admin, 'encrypt', 'trimmed', { items: ['one'], keyVersion: 1 });
+    await call(app, admin, 'PATCH', '/v1/keys/trimmed', { minDecryptionVersion: 3 });
+    expect((await call(app, admin, 'POST', '/v1/keys/trimmed/trim', { minAvailableVersion: 3 })).statusCode).toBe(200);
+    const before = (await call(app, admin, 'GET', '/v1/keys/trimmed')).json();
+    for (const body of [{ minDecryptionVersion: 1 }, { minDecryptionVersion: 2 }, { minEncryptionVersion: 1 }, { minDecryptionVersion: 3, minEncryptionVersion: 2 }]) {
+      const res = await call(app, admin, 'PATCH', '/v1/keys/trimmed', body);
+      expect(res.statusCode, JSON.stringify(body)).toBe(400);
+      expect(res.json().error).toEqual({ code: 'KF_KEY_VERSION_INVALID', message: 'that version was trimmed: its material is gone' });
+    }
+    expect((await call(app, admin, 'GET', '/v1/keys/trimmed')).json()).toEqual(before);
+    expect((await results(app, admin, 'decrypt', 'trimmed', { items: [v1!.ciphertext!] }))[0]!.error!.code).toBe('KF_KEY_VERSION_DISABLED');
   });
 
   it('refuses empty and invalid policy changes with 400, and a refused change changes nothing', async () => {
