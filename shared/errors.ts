@@ -24,6 +24,7 @@ export const CATALOGUE = {
   KF_BATCH_NOT_FOUND: { status: 404, message: 'no such batch' },
   KF_BATCH_NOT_READY: { status: 409, message: 'the batch has not completed' },
   KF_BATCH_DELETED: { status: 410, message: 'the batch results were deleted' },
+  KF_BATCH_FAILED: { status: 409, message: 'the batch failed; it will have no results' },
   KF_UPLOAD_ABORTED: { status: 400, message: 'the upload ended before it was complete' },
   KF_CHUNK_FAILED: { status: 500, message: 'a chunk of the batch failed on every attempt' },
   KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },

@@ -89,6 +89,10 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery } }, async (request, reply) => {
     const batch = await readableBatch(app, request, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
+    // A failed batch never completes: a caller waiting on KF_BATCH_NOT_READY would wait for ever.
+    if (batch.status === 'failed') {
+      throw new KeyfleetError('KF_BATCH_FAILED', `the batch failed${batch.error ? ` (${batch.error.code})` : ''}; it will have no results (GET /v1/batches/${batch.id} says why)`);
+    }
     if (batch.status !== 'completed') {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
     }

@@ -261,6 +261,10 @@ describe('nonce budget and automatic rotation', () => {
     expect(upload.statusCode).toBe(202);
     const ended = await waitFor(app, admin, upload.json().batchId);
     expect(ended).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
+    // A failed batch says so when its results are asked for: it will never be ready.
+    const noResults = await call(app, admin, 'GET', `/v1/batches/${ended.id}/results`);
+    expect(noResults.statusCode).toBe(409);
+    expect(noResults.json().error).toEqual({ code: 'KF_BATCH_FAILED', message: `the batch failed (KF_CHUNK_FAILED); it will have no results (GET /v1/batches/${ended.id} says why)` });
     expect(await redis.hget(`${prefix}:key:acme:edge-batch`, 'n:1')).toBeNull();
   });
 
