@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { createWriteStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import type { Writable } from 'node:stream';
 import { finished } from 'node:stream/promises';
@@ -65,6 +66,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials ${{ encrypt: '--in serials.txt --out serials.enc', decrypt: '--in serials.enc --out serials.dec', rewrap: '--in old.enc --out new.enc' }[op]}`)
     .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
+      await refuseSameFile(opts.in, opts.out);
       const client = clientOf(command);
       // Ctrl-C during the upload leaves nothing to resume: the service fails a cut-short upload.
       // One sent whole may have been made into a batch, answer or not: its key gets that one.
@@ -123,6 +125,22 @@ batch
       await finished(out).catch((err: unknown) => Promise.reject(failed(err)));
     }
   });
+
+/**
+ * Refuses an --out that is the --in file, however either is spelt (a relative or absolute path, a
+ * symlink, a hard link: the same device and inode): the results would be written over the input,
+ * and a batch whose items failed would leave nothing of it. Only a regular file can be lost so; a
+ * terminal or pipe named twice is left alone. Checked before anything is uploaded or --out opened.
+ */
+async function refuseSameFile(input: string | undefined, output: string): Promise<void> {
+  if (input === undefined) return;
+  // bigint: inode numbers can pass 2^53, where two numbers could round to one.
+  const [from, to] = await Promise.all([input, output].map((path) => stat(path, { bigint: true }).catch(() => undefined)));
+  // Either missing or unreadable: not the same file, or the run fails on it as before.
+  if (from?.isFile() && to?.isFile() && from.dev === to.dev && from.ino === to.ino) {
+    throw new Error('--out is the same file as --in; write the results elsewhere');
+  }
+}
 
 /** A file opened for writing; its errors are read where they matter (an unheard 'error' would crash the CLI with a stack). */
 async function openOutput(path: string): Promise<Writable> {

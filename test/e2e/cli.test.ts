@@ -1,5 +1,5 @@
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, truncateSync } from 'node:fs';
+import { existsSync, linkSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -230,6 +230,30 @@ describe('the keyfleet CLI', () => {
     const directory = await keyfleet(['encrypt', '--key', 'serials', '--in', 'unsent.txt', '--out', 'a-dir']);
     expect(directory.code).toBe(1);
     expect(directory.stderr).toMatch(/^keyfleet: EISDIR: illegal operation on a directory, open '.*a-dir'\n$/);
+  });
+
+  it('refuses an --out that is the --in file, under any name, and leaves it as it was', async () => {
+    // Written over, the input was lost: with a wrong key, every line of the ciphertexts came back empty.
+    const ciphertexts = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 3).join('\n') + '\n';
+    writeFileSync(path('same.enc'), ciphertexts);
+    symlinkSync('same.enc', path('same-symlink.enc'));
+    linkSync(path('same.enc'), path('same-hardlink.enc'));
+    writeFileSync(path('same.txt'), 'a\nb\n');
+    const runs = [
+      ['decrypt', '--key', 'serials', '--in', 'same.enc', '--out', 'same.enc'],
+      ['decrypt', '--key', 'serials', '--in', 'same.enc', '--out', path('same.enc')],
+      ['decrypt', '--key', 'serials', '--in', 'same.enc', '--out', './same.enc'],
+      ['decrypt', '--key', 'serials', '--in', 'same.enc', '--out', 'same-symlink.enc'],
+      ['rewrap', '--key', 'serials', '--in', 'same-hardlink.enc', '--out', 'same.enc'],
+      ['decrypt', '--key', 'serials', '--ndjson', '--resume', 'Ab12Cd34Ef56Gh78', '--in', 'same.enc', '--out', 'same-hardlink.enc'],
+      ['encrypt', '--key', 'serials', '--in', 'same.txt', '--out', 'same.txt'],
+    ];
+    for (const args of runs) {
+      const { code, stderr } = await keyfleet(args);
+      expect({ code, stderr }, args.join(' ')).toEqual({ code: 1, stderr: 'keyfleet: --out is the same file as --in; write the results elsewhere\n' });
+    }
+    expect(readFileSync(path('same.enc'), 'utf8')).toBe(ciphertexts);
+    expect(readFileSync(path('same.txt'), 'utf8')).toBe('a\nb\n');
   });
 
   it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
