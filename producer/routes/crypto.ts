@@ -37,7 +37,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       checkTargetKey(op, key, targetKey);
       if (op === 'rewrap') requireRewrapSource(request, (await keyCache.get(tenant, key)).type);
       if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
-      const { texts, contexts, perItemContext } = normalise(items, context);
+      const { texts, contexts, perItemContext } = normalise(op, items, context);
       if (goAsync && perItemContext) {
         throw new KeyfleetError('KF_VALIDATION', 'a context per item is for synchronous requests; a batch takes one context for all its items');
       }
@@ -96,10 +96,12 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
  * (an item's own, else the request's). The common request — strings, no context — passes
  * through untouched.
  */
-function normalise(items: readonly SyncItem[], context: string | undefined): { texts: ReadonlyArray<string | null>; contexts?: ReadonlyArray<string | undefined>; perItemContext: boolean } {
+function normalise(op: BatchOp, items: readonly SyncItem[], context: string | undefined): { texts: ReadonlyArray<string | null>; contexts?: ReadonlyArray<string | undefined>; perItemContext: boolean } {
   const isText = (i: SyncItem): i is string | null => i === null || typeof i === 'string';
   if (context === undefined && items.every(isText)) return { texts: items, perItemContext: false };
-  const texts = items.map((i) => (isText(i) ? i : 'plaintext' in i ? i.plaintext : i.ciphertext));
+  // An item object names what it holds: a ciphertext sent to encrypt (or a plaintext to decrypt)
+  // is the wrong item, and fails alone, not taken for the other.
+  const texts = items.map((i) => (isText(i) ? i : op === 'encrypt' ? ('plaintext' in i ? i.plaintext : null) : 'ciphertext' in i ? i.ciphertext : null));
   const perItemContext = items.some((i) => !isText(i) && i.context !== undefined);
   if (context === undefined && !perItemContext) return { texts, perItemContext };
   const contexts = items.map((i) => (isText(i) ? context : (i.context ?? context)));

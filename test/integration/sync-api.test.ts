@@ -98,6 +98,13 @@ describe('sync encrypt and decrypt', () => {
     expect(withContext[1]).toEqual(invalid);
     const back = (await post('/v1/decrypt/licences', { items: [{ ciphertext: withContext[0].ciphertext, context: 'c1' }, {}, withContext[2].ciphertext], context: 'c0' })).json().results;
     expect(back).toEqual([{ plaintext: 'a' }, invalid, { plaintext: 'b' }]);
+    // An item object names what it holds: the wrong one for the route fails alone, not taken for the other.
+    expect((await post('/v1/encrypt/licences', { items: ['ok', { ciphertext: 'not a plaintext' }] })).json().results[1]).toEqual(invalid);
+    for (const op of ['decrypt', 'rewrap']) {
+      const wrong = (await post(`/v1/${op}/licences`, { items: [{ plaintext: good[0] }, good[1]] })).json().results;
+      expect(wrong[0], op).toEqual(invalid);
+      expect(wrong[1], op).not.toHaveProperty('error');
+    }
   });
 
   it('fails an item whose text has a lone surrogate alone on every route, and refuses a body that is not UTF-8 whole', async () => {
