@@ -66,6 +66,8 @@ export class BatchIntake {
   #chunks = 0;
   #total = 0;
   #sealedItems = 0;
+  /** The batch's context as its jobs carry it, sealed once. */
+  #sealedContext: string | undefined;
   readonly #inFlight: Array<Promise<void>> = [];
   #aliveAt = Date.now();
   readonly batchId: string;
@@ -216,9 +218,10 @@ export class BatchIntake {
     // Redis has answered, so the command has been written out: the buffer is free again.
     if (this.#spare.length < MAX_IN_FLIGHT) this.#spare.push(storage);
     const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;
+    if (context !== undefined) this.#sealedContext ??= this.#store.sealContext(this.batchId, context);
     const data: ChunkJobData = {
       batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, resultFormat: 'records',
-      ...(requestId ? { requestId } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}),
+      ...(requestId ? { requestId } : {}), ...(this.#sealedContext !== undefined ? { sealedContext: this.#sealedContext } : {}), ...(targetKey ? { targetKey } : {}),
     };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });
   }

@@ -143,6 +143,19 @@ export class BatchStore {
     return this.#sealer.sealInto('batch', id, `in:${chunk}`, packed, out);
   }
 
+  /**
+   * A batch's context as its chunk jobs carry it: sealed like its inputs (base64), so neither
+   * the job data that Bull Board shows nor a Redis dump holds it, as the logs do not.
+   */
+  sealContext(id: string, context: string): string {
+    return this.#sealer.seal('batch', id, 'context', Buffer.from(context, 'utf8')).toString('base64');
+  }
+
+  /** `sealContext`'s context again; throws when it was not sealed for this batch. */
+  openContext(id: string, sealed: string): string {
+    return this.#sealer.open('batch', id, 'context', Buffer.from(sealed, 'base64')).toString('utf8');
+  }
+
   async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number, firstIndex: number): Promise<void> {
     const k = this.#keys;
     const input = k.batchInput(id, chunk);

@@ -195,6 +195,9 @@ export const chunkJobData = z.object({
   encoding,
   /** The id of the request that created the batch, so worker logs join up with API logs. */
   requestId: z.string().max(64).optional(),
+  /** The batch's context, sealed (BatchStore.sealContext): base64 of up to 4 bytes a character and 28 more. */
+  sealedContext: z.string().max(8 * CONTEXT_MAX).optional(),
+  /** The context in the clear, as an earlier API put it in its jobs. */
   context: context.optional(),
   targetKey: keyName.optional(),
   /**

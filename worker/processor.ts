@@ -69,7 +69,8 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       return { chunk: data.chunk, count: 0, completion: input };
     }
 
-    const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(data.context !== undefined ? { context: data.context } : {}) };
+    const context = data.sealedContext === undefined ? data.context : openContext(batches, data.batchId, data.sealedContext);
+    const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(context !== undefined ? { context } : {}) };
     // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
     // a rewrap with targetKey opens with the source key and seals under the target's.
     let ring = data.op === 'decrypt' || data.targetKey ? await ringFor(keyCache, data) : await sealingRing(keyPolicy, data, data.key);
@@ -117,6 +118,15 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     }
     return { chunk: data.chunk, count: outcome.count, completion };
   };
+}
+
+function openContext(batches: BatchStore, batchId: string, sealed: string): string {
+  try {
+    return batches.openContext(batchId, sealed);
+  } catch {
+    // Not sealed for this batch under a master key this worker holds: no retry will open it.
+    throw new UnrecoverableError('the batch context could not be opened');
+  }
 }
 
 async function sealingRing(keyPolicy: KeyPolicy, data: ChunkJobData, key: string): Promise<KeyRing> {

@@ -10,6 +10,7 @@ import { KeyCache } from '../../shared/key-cache.js';
 import { KeyChanges } from '../../shared/key-changes.js';
 import { KeyStore } from '../../shared/key-store.js';
 import { MasterKey } from '../../shared/master-key.js';
+import { chunkJobId } from '../../shared/queue.js';
 import { ConnectionErrorLog, RedisKeys } from '../../shared/redis.js';
 import { createLogger } from '../../shared/logger.js';
 import { call, TestApis } from '../helpers/apps.js';
@@ -73,6 +74,10 @@ describe('key types, context and convergent keys', () => {
     expect(upload.statusCode).toBe(202);
     await waitFor(app, admin, upload.json().batchId);
     expect((await batchResults(app, admin, upload.json().batchId)).map((l) => l.plaintext ?? l.error.code)).toEqual(['alice', 'KF_DECRYPT_FAILED']);
+    // The chunk's job (what Bull Board shows, what a Redis dump holds) carries the context sealed, as the logs redact it.
+    const job = await redis.hget(`${env['KEYFLEET_PREFIX']}:chunks:${chunkJobId(upload.json().batchId, 0)}`, 'data');
+    expect(JSON.parse(job!)).toMatchObject({ batchId: upload.json().batchId, sealedContext: expect.any(String) });
+    expect(job).not.toContain('customers');
   });
 
   it('convergent keys give the same ciphertext for the same plaintext and context, and refuse to work without a context', async () => {
