@@ -8,7 +8,11 @@ export const BATCH_STATUSES = ['queued', 'running', 'completed', 'failed', 'canc
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
 export const TERMINAL_STATUSES: ReadonlySet<BatchStatus> = new Set(['completed', 'failed', 'cancelled']);
 
-export const keyName = z.string().regex(KEY_NAME, 'expected 1-128 characters of [A-Za-z0-9._-]');
+const KEY_NAME_RULE = 'expected 1-128 characters of [A-Za-z0-9._-], not . or ..';
+// Not `.` or `..`: in a URL path those are dot segments, which clients resolve away (the key could
+// be made with a raw path, and then no ordinary client could reach it). A refinement, so that the
+// OpenAPI pattern stays one every code generator reads (no lookahead).
+export const keyName = z.string().regex(KEY_NAME, KEY_NAME_RULE).refine((name) => name !== '.' && name !== '..', KEY_NAME_RULE);
 export const encoding = z.enum(['utf8', 'base64']);
 export const batchOp = z.enum(BATCH_OPS);
 
@@ -153,7 +157,8 @@ export const createBatchQuery = z.object({
 }).strict(); // a mistyped parameter (ctx= for context=) is a 400, not a batch without it
 export const resultsQuery = z.object({
   /** The first item to send: a client that lost its download resumes from the lines it kept. */
-  from: z.coerce.number().int().min(0).default(0),
+  // Digits only: a number's other spellings (1e3, 0x10, an empty value read as 0) are refused.
+  from: z.string().regex(/^\d{1,15}$/, 'expected a whole number of items').transform(Number).default(0),
 }).strict();
 export const batchParams = z.object({ id: z.string().regex(/^[A-Za-z0-9_-]{8,64}$/, 'expected a batch id') });
 export const batchAccepted = z.object({ batchId: z.string(), status: z.enum(BATCH_STATUSES), total: z.number().int() });

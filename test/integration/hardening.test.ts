@@ -13,7 +13,7 @@ import { chunkJobId } from '../../shared/queue.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { buildApp } from '../../producer/app.js';
 import { call, TestApis } from '../helpers/apps.js';
-import { configFrom, testEnv, type TestTenant } from '../helpers/env.js';
+import { bearer, configFrom, testEnv, type TestTenant } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // Each describe gets its own environment (prefix, master key, tokens) and its own limits.
@@ -54,6 +54,26 @@ describe('limits', () => {
     if (!app.server.listening) await app.listen({ host: '127.0.0.1', port: 0 });
     return new URL(`http://127.0.0.1:${(app.server.address() as { port: number }).port}`);
   };
+
+  it('refuses . and .. as key names, which clients resolve out of a URL path before sending it', async () => {
+    const url = await listening();
+    // Sent as is (curl --path-as-is): no client library would send these paths.
+    const post = (path: string) =>
+      new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = httpRequest({ host: url.hostname, port: url.port, method: 'POST', path, headers: bearer(admin) }, (res) => {
+          let body = '';
+          res.setEncoding('utf8').on('data', (piece: string) => (body += piece));
+          res.on('end', () => resolve({ status: res.statusCode!, body }));
+        });
+        req.on('error', reject).end();
+      });
+    for (const path of ['/v1/keys/.', '/v1/keys/..', '/v1/keys/%2E%2E']) {
+      const res = await post(path);
+      expect(res.status, path).toBe(400);
+      expect(JSON.parse(res.body).error, path).toEqual({ code: 'KF_VALIDATION', message: 'params.name: expected 1-128 characters of [A-Za-z0-9._-], not . or ..' });
+    }
+    for (const name of ['..a', '.hidden', 'a.']) expect((await post(`/v1/keys/${name}`)).status, name).toBe(201);
+  });
 
   it('refuses a body above MAX_BODY_BYTES with 413, and more items than SYNC_MAX_ITEMS in a sync request with 400', async () => {
     const big = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['x'.repeat(5000)] });
@@ -411,7 +431,18 @@ describe('query strings', () => {
     // Well-formed escapes are read as before: %25 is a literal %.
     const escaped = await uploadWith('context=100%25%20%E2%82%AC');
     expect(escaped.statusCode).toBe(202);
-    expect((await app.services.queue.getJob(chunkJobId(escaped.json().batchId, 0)))?.data.context).toBe('100% €');
+    const job = await app.services.queue.getJob(chunkJobId(escaped.json().batchId, 0));
+    expect(app.services.batches.openContext(escaped.json().batchId, job!.data.sealedContext!)).toBe('100% €');
+  });
+
+  it('reads `from` as digits only, and refuses its other spellings', async () => {
+    for (const from of ['1e3', '0x10', '', '-1', '1.5', ' 2', '9999999999999999']) {
+      const res = await call(app, admin, 'GET', `/v1/batches/abcdefgh/results?from=${encodeURIComponent(from)}`);
+      expect(res.statusCode, from).toBe(400);
+      expect(res.json().error, from).toEqual({ code: 'KF_VALIDATION', message: 'querystring.from: expected a whole number of items' });
+    }
+    // Read, the batch is looked up: there is none.
+    expect((await call(app, admin, 'GET', '/v1/batches/abcdefgh/results?from=12')).json().error.code).toBe('KF_BATCH_NOT_FOUND');
   });
 });
 
