@@ -230,6 +230,26 @@ describe('auth and input errors', () => {
     expect(blank.json().error.code).toBe('KF_INVALID_JSON');
   });
 
+  it('refuses a compressed body, or one in another charset than UTF-8, with 415 before reading it', async () => {
+    const send = (url: string, headers: Record<string, string>, payload: string | Buffer) => app.inject({ method: 'POST', url, headers: { ...bearer(admin), ...headers }, payload });
+    const json = JSON.stringify({ items: ['x'] });
+    const cases: Array<[Record<string, string>, string]> = [
+      [{ 'content-type': 'application/json', 'content-encoding': 'gzip' }, 'content-encoding gzip is not accepted: send the body uncompressed'],
+      [{ 'content-type': 'application/json; charset=utf-16' }, 'charset utf-16 is not accepted: JSON and NDJSON bodies are UTF-8'],
+      [{ 'content-type': 'application/json;charset="latin1"' }, 'charset latin1 is not accepted: JSON and NDJSON bodies are UTF-8'],
+    ];
+    for (const [headers, message] of cases) {
+      const res = await send('/v1/encrypt/licences', headers, json);
+      expect(res.statusCode, message).toBe(415);
+      expect(res.json().error).toEqual({ code: 'KF_UNSUPPORTED_MEDIA_TYPE', message });
+    }
+    const upload = await send('/v1/batches?op=encrypt&key=licences', { 'content-type': 'application/x-ndjson', 'content-encoding': 'br' }, '"x"\n');
+    expect(upload.statusCode).toBe(415);
+    for (const headers of [{ 'content-type': 'application/json; charset=UTF-8' }, { 'content-type': 'application/json; charset=utf8', 'content-encoding': 'identity' }]) {
+      expect((await send('/v1/encrypt/licences', headers, json)).statusCode, JSON.stringify(headers)).toBe(200);
+    }
+  });
+
   it('keeps secrets out of the logs', async () => {
     await encrypt('licences', ['TOP-SECRET-SERIAL-42']);
     const logs = logLines.join('');
