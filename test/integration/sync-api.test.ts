@@ -245,7 +245,8 @@ describe('auth and input errors', () => {
     }
     const upload = await send('/v1/batches?op=encrypt&key=licences', { 'content-type': 'application/x-ndjson', 'content-encoding': 'br' }, '"x"\n');
     expect(upload.statusCode).toBe(415);
-    for (const headers of [{ 'content-type': 'application/json; charset=UTF-8' }, { 'content-type': 'application/json; charset=utf8', 'content-encoding': 'identity' }]) {
+    const readable: Array<Record<string, string>> = [{ 'content-type': 'application/json; charset=UTF-8' }, { 'content-type': 'application/json; charset=utf8', 'content-encoding': 'identity' }];
+    for (const headers of readable) {
       expect((await send('/v1/encrypt/licences', headers, json)).statusCode, JSON.stringify(headers)).toBe(200);
     }
   });
