@@ -1,8 +1,7 @@
 #!/usr/bin/env node
-import { createWriteStream } from 'node:fs';
-import { stat } from 'node:fs/promises';
+import { createWriteStream, type WriteStream } from 'node:fs';
+import { stat, truncate } from 'node:fs/promises';
 import { once } from 'node:events';
-import type { Writable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { Command, InvalidArgumentError, Option } from 'commander';
 import { projectVersion } from '../shared/project-root.js';
@@ -112,15 +111,25 @@ batch
   .action(async (id: string, opts: { out?: string; from: number }, command: Command) => {
     const client = clientOf(command);
     const file = opts.out;
-    // Opened before anything is fetched: a path that cannot be written fails at once, plainly.
-    const out: Writable = file ? await openOutput(file) : process.stdout;
+    // Opened before anything is fetched, so a path that cannot be written fails at once, plainly;
+    // but emptied only once the service answers with results: a mistyped, failed or deleted
+    // batch leaves a file that was there as it was.
+    const out = file ? await openOutput(file, 'a') : process.stdout;
+    let emptied = !file;
+    const empty = async (): Promise<void> => {
+      if (emptied) return;
+      await truncate(file!, 0).catch((err: unknown) => Promise.reject(failed(err)));
+      emptied = true;
+    };
     const failed = (err: unknown): Error => (file ? cannotWrite(file, err) : (err as Error));
     for await (const line of client.resultLines(id, { from: opts.from })) {
+      await empty();
       if (out.errored) throw failed(out.errored);
       // `once` rejects with the stream's error: a failed stream never drains.
       if (!out.write(line + '\n')) await once(out, 'drain').catch((err: unknown) => Promise.reject(failed(err)));
     }
     if (file) {
+      await empty();
       out.end();
       await finished(out).catch((err: unknown) => Promise.reject(failed(err)));
     }
@@ -142,9 +151,12 @@ async function refuseSameFile(input: string | undefined, output: string): Promis
   }
 }
 
-/** A file opened for writing; its errors are read where they matter (an unheard 'error' would crash the CLI with a stack). */
-async function openOutput(path: string): Promise<Writable> {
-  const out = createWriteStream(path);
+/**
+ * A file opened for writing (`a`: appended to, not emptied); its errors are read where they
+ * matter (an unheard 'error' would crash the CLI with a stack).
+ */
+async function openOutput(path: string, flags: 'w' | 'a' = 'w'): Promise<WriteStream> {
+  const out = createWriteStream(path, { flags });
   out.on('error', () => {});
   await once(out, 'open').catch((err: unknown) => Promise.reject(cannotWrite(path, err)));
   return out;

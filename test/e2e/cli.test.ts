@@ -342,10 +342,20 @@ describe('the keyfleet CLI', () => {
     const results = (await keyfleet(['batch', 'results', batchId, '--from', '1'])).stdout.trim().split('\n').map((l) => JSON.parse(l));
     expect(results.map((r) => r.i)).toEqual([1, 2]);
     expect(results[0].ciphertext).toMatch(/^kf:v2:/);
+    // --out holds exactly the lines fetched, whatever the file held before.
+    writeFileSync(path('lines.ndjson'), 'an older, longer file\n'.repeat(50));
+    expect((await keyfleet(['batch', 'results', batchId, '--from', '2', '--out', 'lines.ndjson'])).code).toBe(0);
+    expect(readFileSync(path('lines.ndjson'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).i)).toEqual([2]);
     expect(JSON.parse((await keyfleet(['batch', 'cancel', batchId])).stdout).id).toBe(batchId);
     const gone = await keyfleet(['batch', 'results', batchId]);
     expect(gone.code).toBe(1);
     expect(gone.stderr).toContain('KF_BATCH_DELETED');
+    // A batch with no results to give leaves the file named by --out as it was.
+    for (const id of [batchId, 'NoSuchBatch0000000']) {
+      const kept = await keyfleet(['batch', 'results', id, '--out', 'lines.ndjson']);
+      expect(kept.code, id).toBe(1);
+      expect(readFileSync(path('lines.ndjson'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).i)).toEqual([2]);
+    }
   });
 });
 
