@@ -10,7 +10,7 @@ import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
 import { TokenVerifier } from '../shared/tokens.js';
 import { BodyBudget } from './body-budget.js';
-import { refuseUnreadableBodies } from './body-coding.js';
+import { refuseCompressedBodies } from './body-coding.js';
 import { watchBodies } from './body-timeout.js';
 import { clientErrorHandler } from './client-errors.js';
 import { coalesceWrites } from './coalesced-writes.js';
@@ -146,8 +146,8 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
   });
   app.addHook('onRequest', refuseOnClosingConnection);
-  app.addHook('onRequest', refuseUnreadableBodies);
   coalesceWrites(app);
+  app.addHook('preParsing', refuseCompressedBodies);
   app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes)));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their

@@ -1,22 +1,18 @@
-import type { onRequestHookHandler } from 'fastify';
+import type { preParsingHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
 
 /**
- * Refuses, before a byte of it is read, a body the API would misread: one sent compressed
- * (`content-encoding: gzip` was read as the compressed bytes and answered "not valid JSON") or
- * declared in another charset than UTF-8 (`charset=utf-16` was parsed as UTF-8 regardless).
- * JSON and NDJSON bodies are UTF-8 text (RFC 8259, 8.1): 415, saying what to send instead.
+ * Refuses, before a byte of it is read, a body sent compressed: the API decompresses nothing,
+ * and `content-encoding: gzip` was read as the compressed bytes and answered "not valid JSON".
+ * 415, saying what to send instead. Only a request that has a body is looked at, after auth.
+ * (A charset other than UTF-8 is not refused here: the bytes are what count, and a body that
+ * is not UTF-8 is refused as such when it is parsed, KF_INVALID_JSON.)
  */
-export const refuseUnreadableBodies: onRequestHookHandler = (request, _reply, done) => {
+export const refuseCompressedBodies: preParsingHookHandler = (request, _reply, payload, done) => {
   const coding = request.headers['content-encoding'];
-  if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') {
+  const hasBody = request.headers['transfer-encoding'] !== undefined || (request.headers['content-length'] ?? '0') !== '0';
+  if (coding !== undefined && hasBody && !coding.split(',').every((c) => /^\s*(identity)?\s*$/i.test(c))) {
     return done(new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE', `content-encoding ${coding.slice(0, 32)} is not accepted: send the body uncompressed`));
   }
-  const type = request.headers['content-type'];
-  // Most requests name no charset: one search, and done.
-  const charset = type?.includes('charset') ? /;\s*charset\s*=\s*"?([^";\s]*)/i.exec(type)?.[1] : undefined;
-  if (charset !== undefined && !/^utf-?8$/i.test(charset)) {
-    return done(new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE', `charset ${charset.slice(0, 32)} is not accepted: JSON and NDJSON bodies are UTF-8`));
-  }
-  done();
+  done(null, payload);
 };
