@@ -346,6 +346,8 @@ describe('the keyfleet CLI', () => {
     writeFileSync(path('lines.ndjson'), 'an older, longer file\n'.repeat(50));
     expect((await keyfleet(['batch', 'results', batchId, '--from', '2', '--out', 'lines.ndjson'])).code).toBe(0);
     expect(readFileSync(path('lines.ndjson'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).i)).toEqual([2]);
+    // A device or a pipe is written to, not emptied first (it cannot be).
+    expect((await keyfleet(['batch', 'results', batchId, '--out', '/dev/null'])).code).toBe(0);
     expect(JSON.parse((await keyfleet(['batch', 'cancel', batchId])).stdout).id).toBe(batchId);
     const gone = await keyfleet(['batch', 'results', batchId]);
     expect(gone.code).toBe(1);
