@@ -60,12 +60,14 @@ if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'arp', ARGV[3]) end
 redis.call('PUBLISH', ARGV[5], KEYS[1])
 return 1`;
 
-// Removes the material of versions below ARGV[1], which must not be above minDec.
+// Removes the material of versions below ARGV[1], which must not be above minDec, and raises
+// minEnc to it where it was lower: a minimum never names a version whose material is gone.
 const TRIM = `
 local minDec = redis.call('HGET', KEYS[1], 'minDec')
 if not minDec then return -1 end
 local below = tonumber(ARGV[1])
 if below < 1 or below > tonumber(minDec) then return -2 end
+if tonumber(redis.call('HGET', KEYS[1], 'minEnc') or '1') < below then redis.call('HSET', KEYS[1], 'minEnc', below) end
 local removed = 0
 for v = 1, below - 1 do removed = removed + redis.call('HDEL', KEYS[1], 'm:' .. v, 'c:' .. v, 'n:' .. v) end
 redis.call('PUBLISH', ARGV[2], KEYS[1])
