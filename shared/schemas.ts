@@ -8,16 +8,20 @@ export const BATCH_STATUSES = ['queued', 'running', 'completed', 'failed', 'canc
 export type BatchStatus = (typeof BATCH_STATUSES)[number];
 export const TERMINAL_STATUSES: ReadonlySet<BatchStatus> = new Set(['completed', 'failed', 'cancelled']);
 
-const KEY_NAME_RULE = 'expected 1-128 characters of [A-Za-z0-9._-], not . or ..';
-// Not `.` or `..`: in a URL path those are dot segments, which clients resolve away (the key could
-// be made with a raw path, and then no ordinary client could reach it). A refinement, so that the
-// OpenAPI pattern stays one every code generator reads (no lookahead).
-export const keyName = z.string().regex(KEY_NAME, KEY_NAME_RULE).refine((name) => name !== '.' && name !== '..', KEY_NAME_RULE);
+export const keyName = z.string().regex(KEY_NAME, 'expected 1-128 characters of [A-Za-z0-9._-]');
+/**
+ * The name of a key being made: not `.` or `..`, which in a URL path are dot segments that
+ * clients resolve away (made with a raw path, such a key could be reached only through a query
+ * or a body). Refused when a key is made only, so one made before stays usable and deletable. A
+ * refinement, so that the OpenAPI pattern stays one every code generator reads (no lookahead).
+ */
+const newKeyName = keyName.refine((name) => name !== '.' && name !== '..', 'expected 1-128 characters of [A-Za-z0-9._-], not . or ..');
 export const encoding = z.enum(['utf8', 'base64']);
 export const batchOp = z.enum(BATCH_OPS);
 
 // ---- keys --------------------------------------------------------------------------------
 export const keyParams = z.object({ name: keyName });
+export const newKeyParams = z.object({ name: newKeyName });
 export const createKeyBody = z
   .object({
     type: z.enum(CREATABLE_KEY_TYPES).default('aes256-gcm96'),

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { createKeyBody, errorResponse, importKeyBody, keyInfo, keyParams, patchKeyBody, trimKeyBody } from '../../shared/schemas.js';
+import { createKeyBody, errorResponse, importKeyBody, keyInfo, keyParams, newKeyParams, patchKeyBody, trimKeyBody } from '../../shared/schemas.js';
 import { answerOnce, jsonAnswer, sendWhenDone } from '../idempotency.js';
 import { principalOf } from '../plugins/auth.js';
 
@@ -13,7 +13,7 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
   const tags = ['keys'];
   const answers = { 200: keyInfo, '4xx': errorResponse };
 
-  r.post('/v1/keys/:name', { config, schema: { tags, summary: 'Create a key (201), or find it with the same type (200)', params: keyParams, body: createKeyBody.nullish(), response: { ...answers, 201: keyInfo } } }, (request, reply) => {
+  r.post('/v1/keys/:name', { config, schema: { tags, summary: 'Create a key (201), or find it with the same type (200)', params: newKeyParams, body: createKeyBody.nullish(), response: { ...answers, 201: keyInfo } } }, (request, reply) => {
     const { tenant } = principalOf(request);
     const options = { type: request.body?.type ?? 'aes256-gcm96', convergent: request.body?.convergent ?? false };
     // With an Idempotency-Key, a retry after a lost 201 gets that 201 again, not the 200 of a
@@ -25,7 +25,7 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
     }));
   });
 
-  r.post('/v1/keys/:name/import', { config, schema: { tags, summary: 'Import the material of a legacy AES-256-CBC key (201); it only decrypts and rewraps', params: keyParams, body: importKeyBody, response: { 201: keyInfo, '4xx': errorResponse } } }, async (request, reply) => {
+  r.post('/v1/keys/:name/import', { config, schema: { tags, summary: 'Import the material of a legacy AES-256-CBC key (201); it only decrypts and rewraps', params: newKeyParams, body: importKeyBody, response: { 201: keyInfo, '4xx': errorResponse } } }, async (request, reply) => {
     const { tenant } = principalOf(request);
     const material = Buffer.from(request.body.material, 'base64');
     try {

@@ -73,6 +73,11 @@ describe('limits', () => {
       expect(JSON.parse(res.body).error, path).toEqual({ code: 'KF_VALIDATION', message: 'params.name: expected 1-128 characters of [A-Za-z0-9._-], not . or ..' });
     }
     for (const name of ['..a', '.hidden', 'a.']) expect((await post(`/v1/keys/${name}`)).status, name).toBe(201);
+    // One made before the rule stays usable: by a query or a body, or a raw path.
+    await app.services.keyStore.create('acme', '..', { type: 'aes256-gcm96' });
+    const sealed = await call(app, admin, 'POST', '/v1/batches?op=encrypt&key=..', '"x"\n', { 'content-type': 'application/x-ndjson' });
+    expect(sealed.statusCode).toBe(202);
+    await call(app, admin, 'DELETE', `/v1/batches/${sealed.json().batchId}`);
   });
 
   it('refuses a body above MAX_BODY_BYTES with 413, and more items than SYNC_MAX_ITEMS in a sync request with 400', async () => {
