@@ -221,7 +221,7 @@ export class BatchIntake {
     if (context !== undefined) this.#sealedContext ??= this.#store.sealContext(this.batchId, context);
     const data: ChunkJobData = {
       batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, resultFormat: 'records',
-      ...(requestId ? { requestId } : {}), ...(this.#sealedContext !== undefined ? { sealedContext: this.#sealedContext } : {}), ...(targetKey ? { targetKey } : {}),
+      ...(requestId ? { requestId } : {}), ...(this.#sealedContext !== undefined ? { sealedContext: this.#sealedContext, context: '' } : {}), ...(targetKey ? { targetKey } : {}),
     };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });
   }

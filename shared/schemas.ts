@@ -206,8 +206,12 @@ export const chunkJobData = z.object({
   requestId: z.string().max(64).optional(),
   /** The batch's context, sealed (BatchStore.sealContext): base64 of up to 4 bytes a character and 28 more. */
   sealedContext: z.string().max(8 * CONTEXT_MAX).optional(),
-  /** The context in the clear, as an earlier API put it in its jobs. */
-  context: context.optional(),
+  /**
+   * The context in the clear, as an earlier API put it in its jobs; beside `sealedContext`, ''.
+   * An earlier worker reads only this field and wants a context of 1 character at least: it
+   * refuses such a job (the chunk fails, and its batch) rather than run it without the context.
+   */
+  context: z.union([context, z.literal('')]).optional(),
   targetKey: keyName.optional(),
   /**
    * `records` from an API that formats results as it streams them (shared/result-codec.ts).

@@ -69,7 +69,8 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       return { chunk: data.chunk, count: 0, completion: input };
     }
 
-    const context = data.sealedContext === undefined ? data.context : openContext(batches, data.batchId, data.sealedContext);
+    // '' stands beside a sealed context only (see chunkJobData): never a context of its own.
+    const context = data.sealedContext === undefined ? data.context || undefined : openContext(batches, data.batchId, data.sealedContext);
     const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(context !== undefined ? { context } : {}) };
     // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
     // a rewrap with targetKey opens with the source key and seals under the target's.

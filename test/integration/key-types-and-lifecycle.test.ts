@@ -11,6 +11,7 @@ import { KeyChanges } from '../../shared/key-changes.js';
 import { KeyStore } from '../../shared/key-store.js';
 import { MasterKey } from '../../shared/master-key.js';
 import { chunkJobId } from '../../shared/queue.js';
+import { chunkJobData, context as contextSchema } from '../../shared/schemas.js';
 import { ConnectionErrorLog, RedisKeys } from '../../shared/redis.js';
 import { createLogger } from '../../shared/logger.js';
 import { call, TestApis } from '../helpers/apps.js';
@@ -114,6 +115,33 @@ describe('key types, context and convergent keys', () => {
     expect(opened.map((r) => r.plaintext)).toEqual(['SN-1', 'SN-1', 'SN-2']);
     // Changing the key's convergence under the same name is refused.
     expect((await call(app, admin, 'POST', '/v1/keys/serial-index', { convergent: false })).statusCode).toBe(409);
+  });
+});
+
+describe('a batch context in its chunk jobs', () => {
+  const { env, admin } = testEnv();
+  const jobKey = (batchId: string) => `${env['KEYFLEET_PREFIX']}:chunks:${chunkJobId(batchId, 0)}`;
+
+  it('runs a job queued with the context in clear (an older API), fails one whose sealed context does not open, and is refused by an older worker', async () => {
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/ctx');
+    const sealed = await results(app, admin, 'encrypt', 'ctx', { context: 'customers', items: ['alice', 'bob'] });
+    const upload = () => app.inject({ method: 'POST', url: '/v1/batches?op=decrypt&key=ctx&context=customers', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: sealed.map((r) => JSON.stringify(r.ciphertext)).join('\n') + '\n' });
+    // Queued with no worker running: what a new API puts in a job, then changed as the cases need.
+    const [older, tampered] = [(await upload()).json().batchId as string, (await upload()).json().batchId as string];
+    const data = JSON.parse((await redis.hget(jobKey(older), 'data'))!);
+    expect(data).toMatchObject({ sealedContext: expect.any(String), context: '' });
+    // An earlier worker's schema (context: 1 character at least; unknown fields dropped) refuses it.
+    expect(chunkJobData.omit({ sealedContext: true }).extend({ context: contextSchema.optional() }).safeParse(data).success).toBe(false);
+    const { sealedContext: _, ...clear } = data;
+    await redis.hset(jobKey(older), 'data', JSON.stringify({ ...clear, context: 'customers' }));
+    const other = JSON.parse((await redis.hget(jobKey(tampered), 'data'))!);
+    await redis.hset(jobKey(tampered), 'data', JSON.stringify({ ...other, sealedContext: Buffer.alloc(40, 7).toString('base64') }));
+
+    workers.push(await startWorker(env));
+    expect(await waitFor(app, admin, older)).toMatchObject({ status: 'completed', succeeded: 2 });
+    expect((await batchResults(app, admin, older)).map((l) => l.plaintext)).toEqual(['alice', 'bob']);
+    expect(await waitFor(app, admin, tampered)).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('the batch context could not be opened') } });
   });
 });
 
