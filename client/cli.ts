@@ -1,7 +1,6 @@
 #!/usr/bin/env node
-import { createWriteStream, fstat as fstatCallback, ftruncate as ftruncateCallback, type WriteStream } from 'node:fs';
-import { stat } from 'node:fs/promises';
-import { promisify } from 'node:util';
+import type { WriteStream } from 'node:fs';
+import { open, stat, type FileHandle } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
 import { Command, InvalidArgumentError, Option } from 'commander';
@@ -19,8 +18,6 @@ const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
 const DONE = { encrypt: 'encrypted', decrypt: 'decrypted', rewrap: 'rewrapped' } as const;
 
 const log = (line: string): void => void process.stderr.write(line + '\n');
-const fstat = promisify(fstatCallback);
-const ftruncate = promisify(ftruncateCallback);
 const print = (value: unknown): void => void process.stdout.write(JSON.stringify(value, null, 2) + '\n');
 
 function clientOf(command: Command): KeyfleetClient {
@@ -120,11 +117,11 @@ batch
     const opened = file ? await openOutput(file) : undefined;
     const out = opened?.stream ?? process.stdout;
     // Only a regular file has anything to empty (a FIFO, /dev/null, a terminal cannot be
-    // truncated); by its descriptor, so a path swapped since the open is left alone.
-    let emptied = !opened || !(await fstat(opened.fd)).isFile();
+    // truncated); through the open handle, so a path swapped since the open is left alone.
+    let emptied = !opened || !(await opened.handle.stat()).isFile();
     const empty = async (): Promise<void> => {
       if (emptied) return;
-      await ftruncate(opened!.fd, 0).catch((err: unknown) => Promise.reject(failed(err)));
+      await opened!.handle.truncate(0).catch((err: unknown) => Promise.reject(failed(err)));
       emptied = true;
     };
     const failed = (err: unknown): Error => (file ? cannotWrite(file, err) : (err as Error));
@@ -158,15 +155,15 @@ async function refuseSameFile(input: string | undefined, output: string): Promis
 }
 
 /**
- * A file opened for writing, appended to (emptying it is the caller's to do), and its
- * descriptor; its errors are read where they matter (an unheard 'error' would crash the CLI
- * with a stack).
+ * A file opened for writing, appended to (emptying it is the caller's to do), with its handle;
+ * the stream's errors are read where they matter (an unheard 'error' would crash the CLI with a
+ * stack).
  */
-async function openOutput(path: string): Promise<{ stream: WriteStream; fd: number }> {
-  const stream = createWriteStream(path, { flags: 'a' });
+async function openOutput(path: string): Promise<{ stream: WriteStream; handle: FileHandle }> {
+  const handle = await open(path, 'a').catch((err: unknown) => Promise.reject(cannotWrite(path, err)));
+  const stream = handle.createWriteStream();
   stream.on('error', () => {});
-  const [fd] = (await once(stream, 'open').catch((err: unknown) => Promise.reject(cannotWrite(path, err)))) as [number];
-  return { stream, fd };
+  return { stream, handle };
 }
 
 const cannotWrite = (path: string, err: unknown): Error => new Error(`cannot write ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, { cause: err });

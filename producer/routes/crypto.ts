@@ -101,7 +101,8 @@ function normalise(op: BatchOp, items: readonly SyncItem[], context: string | un
   if (context === undefined && items.every(isText)) return { texts: items, perItemContext: false };
   // An item object names what it holds: a ciphertext sent to encrypt (or a plaintext to decrypt)
   // is the wrong item, and fails alone, not taken for the other.
-  const texts = items.map((i) => (isText(i) ? i : op === 'encrypt' ? ('plaintext' in i ? i.plaintext : null) : 'ciphertext' in i ? i.ciphertext : null));
+  const field = op === 'encrypt' ? 'plaintext' : 'ciphertext';
+  const texts = items.map((i) => (isText(i) ? i : ((i as Partial<Record<typeof field, string>>)[field] ?? null)));
   const perItemContext = items.some((i) => !isText(i) && i.context !== undefined);
   if (context === undefined && !perItemContext) return { texts, perItemContext };
   const contexts = items.map((i) => (isText(i) ? context : (i.context ?? context)));

@@ -458,6 +458,9 @@ describe('key changes reach every process at once', () => {
     }
     return false;
   };
+  // The store's parts, for the tests that stand in for a process of their own.
+  const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
+  const master = new MasterKey(Buffer.from(env['KEYFLEET_MASTER_KEY']!, 'base64'));
 
   it('a key deleted and made again under its name is what every API and worker seals under next, not a cached copy of the old one', async () => {
     const [a, b] = [await api(env), await api(env)];
@@ -501,8 +504,6 @@ describe('key changes reach every process at once', () => {
 
   it('a change announced while a process was not listening is not missed: its cache starts over when it listens again', async () => {
     const url = env['REDIS_URL']!;
-    const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
-    const master = new MasterKey(Buffer.from(env['KEYFLEET_MASTER_KEY']!, 'base64'));
     const [own, other] = [new Redis(url), new Redis(url)];
     const name = `kft-sub-${randomBytes(4).toString('hex')}`;
     const subscriber = new Redis(url, { connectionName: name });
@@ -542,8 +543,6 @@ describe('key changes reach every process at once', () => {
     url.password = password;
     const lines: string[] = [];
     const log = createLogger({ level: 'info', name: 'test', destination: new Writable({ write: (chunk, _enc, done) => (lines.push(String(chunk)), done()) }) });
-    const keys = new RedisKeys(env['KEYFLEET_PREFIX']!);
-    const master = new MasterKey(Buffer.from(env['KEYFLEET_MASTER_KEY']!, 'base64'));
     const cache = new KeyCache(new KeyStore(root, keys, master), 600_000);
     const changes = new KeyChanges(new Redis(url.toString()), keys, cache, new ConnectionErrorLog(log));
     try {
