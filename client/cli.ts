@@ -86,7 +86,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     });
 }
 
-const keys = program.command('keys').description('create, show and rotate keys (material never leaves the service)');
+const keys = program.command('keys').description('create, list, show and rotate keys (material never leaves the service)');
 keys
   .command('create <name>')
   .description('create a key (or find it, if it exists with the same type)')
@@ -96,6 +96,14 @@ keys
     const { created, ...info } = await clientOf(command).createKey(name, opts.type, { convergent: opts.convergent });
     log(created ? `keyfleet: key ${name} created` : `keyfleet: key ${name} exists`);
     print(info);
+  });
+keys
+  .command('list')
+  .description('list the tenant’s keys in name order, one JSON line of metadata each')
+  .action(async (_opts: unknown, command: Command) => {
+    for await (const info of clientOf(command).allKeys()) {
+      if (!process.stdout.write(JSON.stringify(info) + '\n')) await once(process.stdout, 'drain');
+    }
   });
 keys.command('show <name>').description('show a key’s metadata').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).getKey(name)));
 keys.command('rotate <name>').description('add a version; new ciphertexts use it').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).rotateKey(name)));

@@ -5,12 +5,14 @@ import {
   batchStatus,
   cryptoResponse,
   keyInfo,
+  keyList,
   resultLine,
   type BatchAccepted,
   type BatchOp,
   type BatchStatusBody,
   type CryptoResponse,
   type KeyInfo,
+  type KeyList,
   type KeyPolicyPatch,
   type ResultLine,
 } from '../shared/schemas.js';
@@ -172,6 +174,24 @@ export class KeyfleetClient {
 
   async getKey(name: string): Promise<KeyInfo> {
     return this.#json(await this.#send('GET', `/v1/keys/${encodeURIComponent(name)}`), keyInfo);
+  }
+
+  /** One page of the tenant's keys in name order (100, or `limit` up to 1,000); `next`, when present, is the `after` of the page that follows. */
+  async listKeys({ after, limit }: { after?: string; limit?: number } = {}): Promise<KeyList> {
+    const query = new URLSearchParams();
+    if (after !== undefined) query.set('after', after);
+    if (limit !== undefined) query.set('limit', String(limit));
+    return this.#json(await this.#send('GET', query.size > 0 ? `/v1/keys?${query}` : '/v1/keys'), keyList);
+  }
+
+  /** Every key of the tenant in name order, read a page at a time. */
+  async *allKeys({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<KeyInfo> {
+    let after: string | undefined;
+    do {
+      const page = await this.listKeys({ ...(after !== undefined ? { after } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
+      yield* page.keys;
+      after = page.next;
+    } while (after !== undefined);
   }
 
   async rotateKey(name: string): Promise<KeyInfo> {

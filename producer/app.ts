@@ -165,7 +165,20 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.decorate('services', services);
   app.decorate('keyfleet', config);
   app.addHook('onReady', async () => app.log.info({ kernel }, 'crypto kernel'));
-  app.addHook('preClose', async () => services.events.shutdown());
+  // Keys made by an API from before the key index are listed once a start has indexed them; in
+  // the background, as the scan reads every key's name.
+  const indexing = new AbortController();
+  let indexed: Promise<void> = Promise.resolve();
+  app.addHook('onListen', async () => {
+    indexed = services.keyStore.indexAll(indexing.signal).then(
+      (counts) => app.log.info(counts, 'key index checked'),
+      (err: Error) => app.log.warn({ err: { message: err.message } }, 'key index not checked: the next start tries again'),
+    );
+  });
+  app.addHook('preClose', async () => {
+    indexing.abort();
+    await Promise.all([indexed, services.events.shutdown()]);
+  });
   app.addHook('onClose', async () => services.close());
 
   await app.register(errorsPlugin, { connectionErrors: services.connectionErrors });

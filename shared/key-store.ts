@@ -5,9 +5,11 @@ import { KeyRing, type KeyType } from './crypto/key-ring.js';
 import { KeyfleetError } from './errors.js';
 import type { MasterKey } from './master-key.js';
 import type { Redis, RedisKeys } from './redis.js';
-import type { KeyInfo, KeyPolicyPatch } from './schemas.js';
+import type { KeyInfo, KeyList, KeyPolicyPatch } from './schemas.js';
 
-// Each script touches one key (the key's hash), so it runs unchanged on Redis Cluster.
+// Each script touches the key's hash and, to make or delete a key, its tenant's index (a sorted
+// set of names, for listing); both sit under the one hash-tagged prefix, so the scripts run
+// unchanged on Redis Cluster.
 // Fields: type, conv, latest, minDec, createdAt, del (deletion allowed), arp (auto-rotate
 // period, s), id (this making of the key: one deleted and made again under its name has
 // another; keys made before it was kept have none), m:{n} wrapped material, c:{n} version
@@ -18,8 +20,15 @@ const CREATE = `
 local t = redis.call('HGET', KEYS[1], 'type')
 if t then return t .. ':' .. (redis.call('HGET', KEYS[1], 'conv') or '0') end
 redis.call('HSET', KEYS[1], 'type', ARGV[1], 'conv', ARGV[2], 'latest', 1, 'minDec', 1, 'minEnc', 1, 'createdAt', ARGV[3], 'm:1', ARGV[4], 'c:1', ARGV[5], 'del', 0, 'arp', 0, 'id', ARGV[6])
+redis.call('ZADD', KEYS[2], 0, ARGV[8])
 redis.call('PUBLISH', ARGV[7], KEYS[1])
 return ''`;
+
+// Lists a key made by an API from before the index (indexAll): only while its hash exists, so a
+// key deleted since it was scanned is not listed again.
+const INDEX = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('ZADD', KEYS[2], 'NX', 0, ARGV[1])`;
 
 // Counts encryptions only into the making of the key that made them: a count that arrives
 // after the key was deleted would otherwise leave a hash of its own, which a key made later
@@ -84,17 +93,19 @@ local del = redis.call('HGET', KEYS[1], 'del')
 if not del then return -1 end
 if del ~= '1' then return -2 end
 redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('PUBLISH', ARGV[1], KEYS[1])
 return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfKeyCreate(key: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string, changes: string): Result<string, Context>;
+    kfKeyCreate(key: string, index: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string, changes: string, name: string): Result<string, Context>;
+    kfKeyIndex(key: string, index: string, name: string): Result<number, Context>;
     kfKeyCount(key: string, id: string, field: string, count: number): Result<number, Context>;
     kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number, changes: string): Result<number, Context>;
     kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string, changes: string): Result<number, Context>;
     kfKeyTrim(key: string, minAvailableVersion: number, changes: string): Result<number, Context>;
-    kfKeyDelete(key: string, changes: string): Result<number, Context>;
+    kfKeyDelete(key: string, index: string, changes: string, name: string): Result<number, Context>;
     kfKeyRewrap(key: string, field: string, expected: string, wrapped: string): Result<number, Context>;
   }
 }
@@ -127,11 +138,12 @@ export class KeyStore {
     this.#redis = redis;
     this.#keys = keys;
     this.#master = master;
-    redis.defineCommand('kfKeyCreate', { numberOfKeys: 1, lua: CREATE });
+    redis.defineCommand('kfKeyCreate', { numberOfKeys: 2, lua: CREATE });
+    redis.defineCommand('kfKeyIndex', { numberOfKeys: 2, lua: INDEX });
     redis.defineCommand('kfKeyRotate', { numberOfKeys: 1, lua: ROTATE });
     redis.defineCommand('kfKeyPatch', { numberOfKeys: 1, lua: PATCH });
     redis.defineCommand('kfKeyTrim', { numberOfKeys: 1, lua: TRIM });
-    redis.defineCommand('kfKeyDelete', { numberOfKeys: 1, lua: DELETE });
+    redis.defineCommand('kfKeyDelete', { numberOfKeys: 2, lua: DELETE });
     redis.defineCommand('kfKeyCount', { numberOfKeys: 1, lua: COUNT });
     redis.defineCommand('kfKeyRewrap', { numberOfKeys: 1, lua: REWRAP });
   }
@@ -140,7 +152,7 @@ export class KeyStore {
   async create(tenant: string, name: string, { type, convergent = false, material }: CreateKeyOptions): Promise<{ info: KeyInfo; created: boolean }> {
     const wrapped = this.#master.wrap(material ?? randomBytes(KEY_BYTES), tenant, name, 1);
     const now = new Date();
-    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime(), randomBytes(8).toString('hex'), this.#keys.keyChanges);
+    const existing = await this.#redis.kfKeyCreate(this.#keys.key(tenant, name), this.#keys.keyIndex(tenant), type, convergent ? '1' : '0', now.toISOString(), wrapped, now.getTime(), randomBytes(8).toString('hex'), this.#keys.keyChanges, name);
     if (existing !== '' && existing !== `${type}:${convergent ? '1' : '0'}`) {
       const [otherType, otherConv] = existing.split(':');
       throw new KeyfleetError('KF_KEY_EXISTS', `a key of that name exists with type ${otherType}${otherConv === '1' ? ', convergent' : ''}`);
@@ -151,8 +163,41 @@ export class KeyStore {
   }
 
   async info(tenant: string, name: string): Promise<KeyInfo> {
+    const info = await this.#read(tenant, name);
+    if (!info) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    return info;
+  }
+
+  /**
+   * A tenant's keys in name order, the first `limit` after `after`; `next` (the last name given)
+   * when more follow. A key deleted between the index and its read is left out.
+   */
+  async list(tenant: string, { after, limit }: { after?: string | undefined; limit: number }): Promise<KeyList> {
+    const names = await this.#redis.zrangebylex(this.#keys.keyIndex(tenant), after === undefined ? '-' : `(${after}`, '+', 'LIMIT', 0, limit + 1);
+    const page = names.slice(0, limit);
+    const keys = (await Promise.all(page.map((name) => this.#read(tenant, name)))).filter((info) => info !== undefined);
+    return names.length > limit ? { keys, next: page.at(-1)! } : { keys };
+  }
+
+  /**
+   * Lists every key in its tenant's index: keys made by an API from before the index was kept
+   * are in none. The API runs it at each start; keys already listed are left alone, so it is
+   * safe beside APIs still running, old or new. `signal` stops it between scanned pages.
+   */
+  async indexAll(signal?: AbortSignal): Promise<{ keys: number; indexed: number }> {
+    const counts = { keys: 0, indexed: 0 };
+    for await (const batch of this.#scanKeys()) {
+      if (signal?.aborted) break;
+      const added = await Promise.all(batch.map(({ redisKey, tenant, name }) => this.#redis.kfKeyIndex(redisKey, this.#keys.keyIndex(tenant), name)));
+      counts.keys += batch.length;
+      counts.indexed += added.reduce((sum, n) => sum + n, 0);
+    }
+    return counts;
+  }
+
+  async #read(tenant: string, name: string): Promise<KeyInfo | undefined> {
     const [type, conv, latest, minDec, createdAt, del, arp, minEnc] = await this.#redis.hmget(this.#keys.key(tenant, name), 'type', 'conv', 'latest', 'minDec', 'createdAt', 'del', 'arp', 'minEnc');
-    if (!type || !latest || !minDec || !createdAt) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (!type || !latest || !minDec || !createdAt) return undefined;
     return {
       name,
       type: type as KeyType,
@@ -164,6 +209,20 @@ export class KeyStore {
       autoRotatePeriod: Number(arp ?? 0),
       createdAt,
     };
+  }
+
+  /** Every key's hash, a scanned page at a time, on each master (all of them sit on one under the hash tag). */
+  async *#scanKeys(): AsyncGenerator<Array<{ redisKey: string; tenant: string; name: string }>> {
+    const head = this.#keys.key('', '').slice(0, -1); // `${prefix}:key:`
+    const nodes = 'nodes' in this.#redis ? this.#redis.nodes('master') : [this.#redis];
+    for (const node of nodes) {
+      for await (const batch of node.scanStream({ match: `${head}*`, count: 500 }) as AsyncIterable<string[]>) {
+        yield batch.flatMap((redisKey) => {
+          const key = this.#keys.keyOf(redisKey);
+          return key ? [{ redisKey, ...key }] : [];
+        });
+      }
+    }
   }
 
   /** Adds a version. With `ifLatest`, only if the latest is still that version (automatic rotations race). */
@@ -199,7 +258,7 @@ export class KeyStore {
 
   /** Deletes a key that was marked `deletionAllowed`. */
   async delete(tenant: string, name: string): Promise<void> {
-    const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name), this.#keys.keyChanges);
+    const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name), this.#keys.keyIndex(tenant), this.#keys.keyChanges, name);
     if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
     if (result === -2) throw new KeyfleetError('KF_KEY_DELETION_NOT_ALLOWED');
   }
@@ -211,23 +270,18 @@ export class KeyStore {
    */
   async rewrapAll(): Promise<{ keys: number; versions: number; rewrapped: number }> {
     const counts = { keys: 0, versions: 0, rewrapped: 0 };
-    const prefix = this.#keys.key('', '').slice(0, -1); // `${prefix}:key:`
-    const nodes = 'nodes' in this.#redis ? this.#redis.nodes('master') : [this.#redis];
-    for (const node of nodes) {
-      for await (const batch of node.scanStream({ match: `${prefix}*`, count: 500 }) as AsyncIterable<string[]>) {
-        for (const redisKey of batch) {
-          const [tenant, name] = redisKey.slice(prefix.length).split(':') as [string, string];
-          const fields = await this.#redis.hgetall(redisKey);
-          counts.keys++;
-          for (const [field, wrapped] of Object.entries(fields)) {
-            if (!field.startsWith('m:')) continue;
-            counts.versions++;
-            if (this.#master.isCurrent(wrapped)) continue;
-            const version = Number(field.slice(2));
-            const material = this.#master.unwrap(wrapped, tenant, name, version);
-            counts.rewrapped += await this.#redis.kfKeyRewrap(redisKey, field, wrapped, this.#master.wrap(material, tenant, name, version));
-            material.fill(0);
-          }
+    for await (const batch of this.#scanKeys()) {
+      for (const { redisKey, tenant, name } of batch) {
+        const fields = await this.#redis.hgetall(redisKey);
+        counts.keys++;
+        for (const [field, wrapped] of Object.entries(fields)) {
+          if (!field.startsWith('m:')) continue;
+          counts.versions++;
+          if (this.#master.isCurrent(wrapped)) continue;
+          const version = Number(field.slice(2));
+          const material = this.#master.unwrap(wrapped, tenant, name, version);
+          counts.rewrapped += await this.#redis.kfKeyRewrap(redisKey, field, wrapped, this.#master.wrap(material, tenant, name, version));
+          material.fill(0);
         }
       }
     }

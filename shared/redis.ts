@@ -131,6 +131,11 @@ export class RedisKeys {
     return `${this.prefix}:key:${tenant}:${name}`;
   }
 
+  /** A tenant's key names (a sorted set, every score 0: listed in name order). */
+  keyIndex(tenant: string): string {
+    return `${this.prefix}:key-index:${tenant}`;
+  }
+
   /** The tenant and name of a key's Redis name (`key()`); undefined for any other name. */
   keyOf(redisKey: string): { tenant: string; name: string } | undefined {
     const head = `${this.prefix}:key:`;

@@ -62,6 +62,19 @@ export const keyInfo = z.object({
   createdAt: z.string(),
 });
 export type KeyInfo = z.infer<typeof keyInfo>;
+/** Keys listed a page at a time, in name order. */
+export const listKeysQuery = z.object({
+  /** Names after this one: the `next` of the page before. */
+  after: keyName.optional(),
+  /** Keys in the page, 1 to 1,000. */
+  limit: z.string().regex(/^\d{1,4}$/, 'expected a whole number from 1 to 1000').transform(Number).pipe(z.number().min(1, 'expected a whole number from 1 to 1000').max(1000, 'expected a whole number from 1 to 1000')).default(100),
+}).strict();
+export const keyList = z.object({
+  keys: z.array(keyInfo),
+  /** Present when more keys follow: pass it as `after` for the next page. */
+  next: z.string().optional(),
+});
+export type KeyList = z.infer<typeof keyList>;
 /** The longest context, in characters (code points: zod counts a string's length in them). */
 const CONTEXT_MAX = 1024;
 /**

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { createKeyBody, errorResponse, importKeyBody, keyInfo, keyParams, newKeyParams, patchKeyBody, trimKeyBody } from '../../shared/schemas.js';
+import { createKeyBody, errorResponse, importKeyBody, keyInfo, keyList, keyParams, listKeysQuery, newKeyParams, patchKeyBody, trimKeyBody } from '../../shared/schemas.js';
 import { answerOnce, jsonAnswer, sendWhenDone } from '../idempotency.js';
 import { principalOf } from '../plugins/auth.js';
 
@@ -34,6 +34,10 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
     } finally {
       material.fill(0);
     }
+  });
+
+  r.get('/v1/keys', { config, schema: { tags, summary: 'The tenant’s keys in name order, `limit` (100; at most 1,000) a page; `next` is the `after` of the page that follows', querystring: listKeysQuery, response: { 200: keyList, '4xx': errorResponse } } }, async (request) => {
+    return keyStore.list(principalOf(request).tenant, request.query);
   });
 
   r.get('/v1/keys/:name', { config, schema: { tags, summary: 'A key’s metadata (never its material)', params: keyParams, response: answers } }, async (request) => {

@@ -328,10 +328,17 @@ describe('the keyfleet CLI', () => {
     expect(existsSync(path('op.dec'))).toBe(false);
   });
 
-  it('manages keys and batches: keys show/rotate, batch status/results/cancel', async () => {
+  it('manages keys and batches: keys list/show/rotate, batch status/results/cancel', async () => {
     const rotated = await keyfleet(['keys', 'rotate', 'serials']);
     expect(JSON.parse(rotated.stdout)).toMatchObject({ name: 'serials', latestVersion: 2 });
     expect(JSON.parse((await keyfleet(['keys', 'show', 'serials'])).stdout).latestVersion).toBe(2);
+    await keyfleet(['keys', 'create', 'a-first']);
+    const listed = await keyfleet(['keys', 'list']);
+    expect(listed.code, listed.stderr).toBe(0);
+    const lines = listed.stdout.trim().split('\n').map((l) => JSON.parse(l) as { name: string; latestVersion: number });
+    expect(lines.map((k) => k.name)).toEqual([...lines.map((k) => k.name)].sort());
+    expect(lines).toContainEqual(expect.objectContaining({ name: 'serials', latestVersion: 2 }));
+    expect(lines[0]).toMatchObject({ name: 'a-first', latestVersion: 1 });
     writeFileSync(path('three.txt'), 'a\nb\nc\n');
     const run = await keyfleet(['encrypt', '--key', 'serials', '--in', 'three.txt', '--out', 'three.enc']);
     const batchId = /batch (\S+) accepted/.exec(run.stderr)![1]!;
