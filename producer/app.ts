@@ -26,6 +26,7 @@ import { batchRoutes } from './routes/batches.js';
 import { cryptoRoutes } from './routes/crypto.js';
 import { healthRoutes } from './routes/health.js';
 import { keyRoutes } from './routes/keys.js';
+import { RouteMethods } from './route-methods.js';
 import { createApiServices, type ApiServices } from './services.js';
 
 declare module 'fastify' {
@@ -42,6 +43,8 @@ export interface AppOptions {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,64}$/;
+// Key names may be 128 characters; longer segments are refused as 414 without a lookup.
+const MAX_PARAM_LENGTH = 256;
 
 function frameworkErrors(error: FastifyError, _request: FastifyRequest, reply: FastifyReply): void {
   const kf = new KeyfleetError(error.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 'KF_URI_TOO_LONG' : 'KF_BAD_REQUEST');
@@ -111,8 +114,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     // Errors the router raises before any route runs (a malformed URL, an overlong path
     // parameter) get the same envelope as every other error.
     frameworkErrors,
-    // Key names may be 128 characters; longer segments are refused as 414 without a lookup.
-    routerOptions: { maxParamLength: 256 },
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // A caller's request id is kept when it is sane, so one id follows a request into its batch.
     genReqId: (req) => {
       const given = req.headers['x-request-id'];
@@ -153,7 +155,9 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
   // schema, and values they could not decode here; the others refuse any parameter. Each check
   // is added when a route is registered (not a hook on every request).
+  const routeMethods = new RouteMethods({ maxParamLength: MAX_PARAM_LENGTH });
   app.addHook('onRoute', (route) => {
+    routeMethods.add(route.method, route.url);
     if (route.schema?.body !== undefined && !refusesUnknownKeys(route.schema.body)) {
       throw new Error(`${route.method} ${route.url}: a JSON body's schema must be a strict object (the JSON parser leaves __proto__ keys to it)`);
     }
@@ -181,7 +185,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   });
   app.addHook('onClose', async () => services.close());
 
-  await app.register(errorsPlugin, { connectionErrors: services.connectionErrors });
+  await app.register(errorsPlugin, { connectionErrors: services.connectionErrors, routeMethods });
   await app.register(authPlugin, { verifier });
   await app.register(metricsPlugin);
   await app.register(rateLimitPlugin, { redis: services.redis, prefix: config.prefix, perSecond: config.syncRateLimit });

@@ -6,6 +6,7 @@ export const CATALOGUE = {
   KF_UNAUTHORIZED: { status: 401, message: 'a valid bearer token is required' },
   KF_FORBIDDEN: { status: 403, message: 'the token lacks the scope this route needs' },
   KF_NOT_FOUND: { status: 404, message: 'no such route' },
+  KF_METHOD_NOT_ALLOWED: { status: 405, message: 'the route does not take this method (Allow lists those it takes)' },
   KF_VALIDATION: { status: 400, message: 'the request does not match the schema' },
   KF_INVALID_JSON: { status: 400, message: 'the body is not valid JSON' },
   KF_BAD_REQUEST: { status: 400, message: 'the request is malformed' },

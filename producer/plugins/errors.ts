@@ -4,6 +4,7 @@ import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
 import { KeyfleetError, type ErrorCode } from '../../shared/errors.js';
 import type { ConnectionErrorLog } from '../../shared/redis.js';
 import { closeAfterAnswer } from '../lingering-close.js';
+import type { RouteMethods } from '../route-methods.js';
 
 /** Fastify's own client errors, mapped onto the catalogue. */
 const FASTIFY_CODES: Record<string, ErrorCode> = {
@@ -25,6 +26,8 @@ const isRedisDown = (err: Error): boolean =>
 const isRedisFull = (err: Error): boolean => err.name === 'ReplyError' && err.message.startsWith('OOM ');
 
 export interface ErrorsOptions {
+  /** The methods each route path takes: a known path asked with another method is a 405. */
+  readonly routeMethods: RouteMethods;
   /**
    * While Redis is unreachable every request fails alike: its error is logged here, once per
    * message per interval (each request is still counted in the request metrics by status).
@@ -33,7 +36,7 @@ export interface ErrorsOptions {
 }
 
 /** Turns every error into `{"error": {"code", "message"}}` with a catalogue status; 5xx never carry detail. */
-export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }: ErrorsOptions) => {
+export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, routeMethods }: ErrorsOptions) => {
   const redisDown = (request: FastifyRequest, cause: Error): void =>
     connectionErrors.report('request', cause, 'request failed: redis unavailable', { reqId: request.id, code: 'KF_REDIS_UNAVAILABLE' });
   // Every write fails alike while Redis is full: logged as the outage is, once per interval.
@@ -82,8 +85,12 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors }
     return reply.status(error.status).send({ error: error.toBody() });
   });
 
-  app.setNotFoundHandler((_request, reply) => {
-    const error = new KeyfleetError('KF_NOT_FOUND');
+  app.setNotFoundHandler((request, reply) => {
+    const query = request.url.indexOf('?');
+    const allowed = routeMethods.allowed(query === -1 ? request.url : request.url.slice(0, query));
+    // RFC 9110: a 405 names the methods the path does take.
+    if (allowed.length > 0) reply.header('allow', allowed.join(', '));
+    const error = new KeyfleetError(allowed.length > 0 ? 'KF_METHOD_NOT_ALLOWED' : 'KF_NOT_FOUND');
     return reply.status(error.status).send({ error: error.toBody() });
   });
 });

@@ -197,6 +197,29 @@ describe('limits', () => {
     expect(field.json().error.message).toMatch(/^body: /);
   });
 
+  it('answers a route asked with a method it does not take 405 with Allow, and a path no route has 404', async () => {
+    for (const [method, url, allow] of [
+      ['PUT', '/v1/keys/serials', 'DELETE, GET, HEAD, PATCH, POST'],
+      ['DELETE', '/v1/keys', 'GET, HEAD'],
+      ['GET', '/v1/encrypt/serials?mode=sync', 'POST'],
+      ['PATCH', '/v1/batches/abcdefgh', 'DELETE, GET, HEAD'],
+      ['POST', '/healthz', 'GET, HEAD'],
+    ] as const) {
+      const res = await call(app, admin, method, url);
+      expect(res.statusCode, `${method} ${url}`).toBe(405);
+      expect(res.headers['allow'], `${method} ${url}`).toBe(allow);
+      expect(res.json().error, `${method} ${url}`).toEqual({ code: 'KF_METHOD_NOT_ALLOWED', message: expect.any(String) });
+    }
+    for (const url of ['/v1/key/serials', '/v1/keys/serials/versions', '/v2/keys']) {
+      const res = await call(app, admin, 'PUT', url);
+      expect(res.statusCode, url).toBe(404);
+      expect(res.headers['allow'], url).toBeUndefined();
+      expect(res.json().error.code, url).toBe('KF_NOT_FOUND');
+    }
+    // As a missing route: the token first.
+    expect((await app.inject({ method: 'PUT', url: '/v1/keys/serials' })).statusCode).toBe(401);
+  });
+
   it('refuses a __proto__ or constructor key at the top of a JSON body as any unknown key, and fails an item object with one alone', async () => {
     for (const key of ['__proto__', 'constructor']) {
       const bodies = { '/v1/encrypt/serials': '{"items":["a"],', '/v1/keys/other-key': '{"type":"aes256-gcm96",' };
