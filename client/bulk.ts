@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { createWriteStream, statSync, unlinkSync, type WriteStream } from 'node:fs';
+import { createWriteStream, fstatSync, statSync, unlinkSync, type WriteStream } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
 import { KeyfleetApiError, KeyfleetTimeoutError } from './errors.js';
-import { LineMap, NotUtf8Error, readLines, resumePoint } from './lines.js';
+import { inputName, LineMap, NotUtf8Error, readLines, resumePoint, STDIN } from './lines.js';
 import { Progress } from './progress.js';
 import { GATEWAY_ANSWERS } from './retry.js';
 
@@ -90,7 +90,9 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   let batchId = options.resume;
   if (!batchId) {
     const input = options.in!;
-    const file = await stat(input);
+    // stdin: a file redirected to it has its size (for the progress bar), but is read only once.
+    const file = input === STDIN ? fstatSync(0) : await stat(input);
+    const readTwice = input !== STDIN && file.isFile();
     const size = file.size;
     let uploads = 0;
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
@@ -109,7 +111,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
       },
       () => {
         // The upload must be sent again (a 429 or 503, a timeout): a pipe cannot be read twice.
-        if (uploads++ > 0 && !file.isFile()) throw new Error(`the upload must be sent again, and ${input} is not a file that can be read twice: save the input to a file and run again with --idempotency-key ${idempotencyKey} (the service may have made the batch of the first upload; the key gets that one rather than a second)`);
+        if (uploads++ > 0 && !readTwice) throw new Error(`the upload must be sent again, and ${inputName(input)} is not a file that can be read twice: save the input to a file and run again with --idempotency-key ${idempotencyKey} (the service may have made the batch of the first upload; the key gets that one rather than a second)`);
         return wholeThen(ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started)), () => options.onSentWhole?.(idempotencyKey));
       },
     )).catch((err: unknown) => {

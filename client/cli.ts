@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import type { WriteStream } from 'node:fs';
+import { fstatSync, type WriteStream } from 'node:fs';
 import { open, stat, type FileHandle } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
@@ -12,6 +12,7 @@ import { rerunWith, runBulk } from './bulk.js';
 import { Progress } from './progress.js';
 import { KeyfleetClient } from './client.js';
 import { KeyfleetApiError } from './errors.js';
+import { STDIN } from './lines.js';
 
 /** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
 const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
@@ -53,7 +54,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .command(op)
     .description(`${op} a file, one item per line (or NDJSON with --ndjson), through a batch; results in input order`)
     .requiredOption('-k, --key <name>', 'the key')
-    .option('-i, --in <file>', 'the input file (required unless --resume)')
+    .option('-i, --in <file>', 'the input file, - for stdin (required unless --resume)')
     .requiredOption('-o, --out <file>', 'where the results go, one per input line (a failed item leaves its line empty, or null with --ndjson)')
     .option('--ndjson', 'input and output lines are JSON strings', false)
     .addOption(new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
@@ -155,7 +156,8 @@ batch
 async function refuseSameFile(input: string | undefined, output: string): Promise<void> {
   if (input === undefined) return;
   // bigint: inode numbers can pass 2^53, where two numbers could round to one.
-  const [from, to] = await Promise.all([input, output].map((path) => stat(path, { bigint: true }).catch(() => undefined)));
+  // `--in -` with stdin redirected from the --out file (`< serials.txt`) is the same loss.
+  const [from, to] = await Promise.all([input, output].map((path) => (path === STDIN ? Promise.resolve().then(() => fstatSync(0, { bigint: true })) : stat(path, { bigint: true })).catch(() => undefined)));
   // Either missing or unreadable: not the same file, or the run fails on it as before.
   if (from?.isFile() && to?.isFile() && from.dev === to.dev && from.ino === to.ino) {
     throw new Error('--out is the same file as --in; write the results elsewhere');

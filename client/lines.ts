@@ -3,7 +3,16 @@ import { createReadStream } from 'node:fs';
 import { truncate } from 'node:fs/promises';
 
 /**
- * The lines of a text file as they are read, without their line breaks (a `\r` before a `\n`
+ * The input path that names standard input (`--in -`). Read as a stream, not as /dev/stdin,
+ * which cannot be opened when stdin is a socket (as a parent process's pipe often is).
+ */
+export const STDIN = '-';
+
+/** How an input is named in messages. */
+export const inputName = (path: string): string => (path === STDIN ? 'stdin' : path);
+
+/**
+ * The lines of a text file (or of stdin, for STDIN) as they are read, without their line breaks (a `\r` before a `\n`
  * is kept: it belongs to the line, so a round trip gives the file back byte for byte, byte
  * order mark included). A last line without a final newline counts as a line. A line that is
  * not UTF-8 fails the read, naming it: decoded with replacement characters, it would have been
@@ -13,7 +22,8 @@ export async function* readLines(path: string, onBytes?: (bytesRead: number) => 
   let carry: Buffer[] = []; // the bytes of a line not ended yet, joined once it ends
   let bytesRead = 0;
   let lineNo = 0;
-  for await (const read of createReadStream(path, { highWaterMark: 256 * 1024 })) {
+  const source = path === STDIN ? process.stdin : createReadStream(path, { highWaterMark: 256 * 1024 });
+  for await (const read of source) {
     const piece = read as Buffer;
     bytesRead += piece.length;
     onBytes?.(bytesRead);
@@ -54,7 +64,7 @@ function decodeLines(bytes: Buffer, path: string, before: number): string {
     if (!isUtf8(bytes.subarray(start, stop))) break;
     start = stop + 1;
   }
-  throw new NotUtf8Error(path, line);
+  throw new NotUtf8Error(inputName(path), line);
 }
 
 /**

@@ -1,5 +1,5 @@
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, linkSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, truncateSync } from 'node:fs';
+import { closeSync, existsSync, linkSync, openSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -32,8 +32,8 @@ afterAll(async () => {
 });
 
 /** The built CLI as the admin tenant against this file's API; `started` gets the process, to signal it. */
-const keyfleet = (args: string[], extraEnv: Record<string, string> = {}, started?: (child: ChildProcess) => void) =>
-  runCli(args, { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, ...(started ? { started } : {}) });
+const keyfleet = (args: string[], extraEnv: Record<string, string> = {}, started?: (child: ChildProcess) => void, stdin?: string | Buffer | { fd: number }) =>
+  runCli(args, { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token, ...extraEnv }, ...(started ? { started } : {}), ...(stdin !== undefined ? { stdin } : {}) });
 
 const path = (name: string) => join(dir, name);
 
@@ -254,6 +254,32 @@ describe('the keyfleet CLI', () => {
     }
     expect(readFileSync(path('same.enc'), 'utf8')).toBe(ciphertexts);
     expect(readFileSync(path('same.txt'), 'utf8')).toBe('a\nb\n');
+  });
+
+  it('reads --in - from stdin, piped or redirected from a file, and refuses stdin redirected from the --out file', async () => {
+    const piped = await keyfleet(['encrypt', '--key', 'serials', '--in', '-', '--out', 'piped.enc'], {}, undefined, 'from\na pipe\n');
+    expect(piped.code, piped.stderr).toBe(0);
+    expect(piped.stderr).toContain('2 of 2 items encrypted into piped.enc');
+    writeFileSync(path('piped.txt'), 'from\na pipe\n');
+    const fd = openSync(path('piped.enc'), 'r');
+    try {
+      const opened = await keyfleet(['decrypt', '--key', 'serials', '--in', '-', '--out', 'piped.dec'], {}, undefined, { fd });
+      expect(opened.code, opened.stderr).toBe(0);
+    } finally {
+      closeSync(fd);
+    }
+    expect(readFileSync(path('piped.dec'), 'utf8')).toBe('from\na pipe\n');
+    const same = openSync(path('piped.txt'), 'r');
+    try {
+      const refused = await keyfleet(['encrypt', '--key', 'serials', '--in', '-', '--out', 'piped.txt'], {}, undefined, { fd: same });
+      expect({ code: refused.code, stderr: refused.stderr }).toEqual({ code: 1, stderr: 'keyfleet: --out is the same file as --in; write the results elsewhere\n' });
+    } finally {
+      closeSync(same);
+    }
+    expect(readFileSync(path('piped.txt'), 'utf8')).toBe('from\na pipe\n');
+    const notUtf8 = await keyfleet(['encrypt', '--key', 'serials', '--in', '-', '--out', 'latin1-stdin.enc'], {}, undefined, Buffer.from([0x6f, 0x6b, 0x0a, 0xe9, 0x0a]));
+    expect(notUtf8.code).toBe(1);
+    expect(notUtf8.stderr).toContain('line 2 of stdin is not UTF-8 text');
   });
 
   it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
