@@ -109,7 +109,19 @@ keys
 keys.command('show <name>').description('show a key’s metadata').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).getKey(name)));
 keys.command('rotate <name>').description('add a version; new ciphertexts use it').action(async (name: string, _opts: unknown, command: Command) => print(await clientOf(command).rotateKey(name)));
 
-const batch = program.command('batch').description('status, cancellation and results of a batch');
+const batch = program.command('batch').description('list batches; status, cancellation and results of a batch');
+batch
+  .command('list')
+  .description('list the tenant’s batches, newest first, one JSON line of status each')
+  .option('--limit <n>', 'at most n batches', positiveInt)
+  .action(async (opts: { limit?: number }, command: Command) => {
+    let left = opts.limit ?? Infinity;
+    if (left === 0) return;
+    for await (const status of clientOf(command).allBatches({ pageSize: Math.min(left, 1000) })) {
+      if (!process.stdout.write(JSON.stringify(status) + '\n')) await once(process.stdout, 'drain');
+      if (--left === 0) break;
+    }
+  });
 batch.command('status <id>').description('show a batch’s status and counts').action(async (id: string, _opts: unknown, command: Command) => print(await clientOf(command).batch(id)));
 batch.command('cancel <id>').description('cancel what has not run and delete the results').action(async (id: string, _opts: unknown, command: Command) => print(await clientOf(command).cancelBatch(id)));
 batch

@@ -2,12 +2,14 @@ import { randomUUID } from 'node:crypto';
 import type { z } from 'zod';
 import {
   batchAccepted,
+  batchList,
   batchStatus,
   cryptoResponse,
   keyInfo,
   keyList,
   resultLine,
   type BatchAccepted,
+  type BatchList,
   type BatchOp,
   type BatchStatusBody,
   type CryptoResponse,
@@ -178,10 +180,7 @@ export class KeyfleetClient {
 
   /** One page of the tenant's keys in name order (100, or `limit` up to 1,000); `next`, when present, is the `after` of the page that follows. */
   async listKeys({ after, limit }: { after?: string; limit?: number } = {}): Promise<KeyList> {
-    const query = new URLSearchParams();
-    if (after !== undefined) query.set('after', after);
-    if (limit !== undefined) query.set('limit', String(limit));
-    return this.#json(await this.#send('GET', query.size > 0 ? `/v1/keys?${query}` : '/v1/keys'), keyList);
+    return this.#json(await this.#send('GET', withQuery('/v1/keys', { after, limit })), keyList);
   }
 
   /** Every key of the tenant in name order, read a page at a time. */
@@ -244,6 +243,21 @@ export class KeyfleetClient {
 
   async batch(id: string): Promise<BatchStatusBody> {
     return this.#json(await this.#send('GET', `/v1/batches/${encodeURIComponent(id)}`), batchStatus);
+  }
+
+  /** One page of the tenant's batches, newest first (100, or `limit` up to 1,000); `next`, when present, is the `before` of the page that follows. */
+  async listBatches({ before, limit }: { before?: string; limit?: number } = {}): Promise<BatchList> {
+    return this.#json(await this.#send('GET', withQuery('/v1/batches', { before, limit })), batchList);
+  }
+
+  /** Every batch the tenant's listing keeps, newest first, read a page at a time. */
+  async *allBatches({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<BatchStatusBody> {
+    let before: string | undefined;
+    do {
+      const page = await this.listBatches({ ...(before !== undefined ? { before } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
+      yield* page.batches;
+      before = page.next;
+    } while (before !== undefined);
   }
 
   /** The batch’s status now and at every change, ending with its final status; a batch whose record goes meanwhile (expired, deleted) ends it with an error. */
@@ -411,6 +425,13 @@ export class KeyfleetClient {
 }
 
 /** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
+/** `path` with the parameters that are set as its query. */
+function withQuery(path: string, params: Record<string, string | number | undefined>): string {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) if (value !== undefined) query.set(name, String(value));
+  return query.size > 0 ? `${path}?${query}` : path;
+}
+
 function limitOption(name: string, ms: unknown): number {
   if (typeof ms === 'number' && ms > 0 && ms <= MAX_TIMER_MS) return ms;
   throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_TIMER_MS}, got ${String(ms)}`);

@@ -6,6 +6,6 @@ export { runBulk, type BulkOptions, type BulkOutcome } from './bulk.js';
 export { RETRYABLE, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 export { readServerEvents, type ServerEvent } from './sse.js';
 // The types the client's methods take and answer, as the API's schemas define them.
-export type { BatchAccepted, BatchOp, BatchStatusBody, CryptoResponse, KeyInfo, KeyList, KeyPolicyPatch, ResultLine } from '../shared/schemas.js';
+export type { BatchAccepted, BatchList, BatchOp, BatchStatusBody, CryptoResponse, KeyInfo, KeyList, KeyPolicyPatch, ResultLine } from '../shared/schemas.js';
 export type { KeyType } from '../shared/crypto/key-ring.js';
 export { SIGNATURE_HEADER, signWebhook, verifyWebhookSignature, type VerifyOptions } from '../shared/webhook-signature.js';

@@ -185,10 +185,15 @@ redis.call('PUBLISH', ARGV[2], 'cancelled')
 return changed`;
 
 /**
- * KEYS tenantBatches, meta, upload · ARGV metaPrefix, limit, openTtl, leaseMs, id, field, value, …
+ * KEYS tenantBatches, meta, upload, batchIndex · ARGV metaPrefix, limit, openTtl, leaseMs, id,
+ * createdMs, indexMax, indexTtl, field, value, …
  * Admission: counts the tenant's batches still queued or running (forgetting ended ones) and
  * creates the new one only below the limit, atomically. Ids are random, so a record already
  * there is this one, created by a run whose reply was lost (ioredis sent the script again).
+ * The tenant's index, for listing, keeps the newest indexMax ids in order of creation (scored
+ * by its time in ms, or one past the newest when that is later: batches made in one ms, or
+ * after the clock stepped back, keep their order); ids whose record expired are dropped as a
+ * listing meets them (BatchStore.list).
  */
 const CREATE = `
 if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
@@ -198,16 +203,21 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if status == 'queued' or status == 'running' then active = active + 1 else redis.call('SREM', KEYS[1], id) end
 end
 if active >= tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 6))
+redis.call('HSET', KEYS[2], unpack(ARGV, 9))
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[4])
 redis.call('SADD', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+local newest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+redis.call('ZADD', KEYS[4], math.max(tonumber(ARGV[6]), (tonumber(newest) or 0) + 1), ARGV[5])
+local over = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[7])
+if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[4], 0, over - 1) end
+redis.call('EXPIRE', KEYS[4], ARGV[8])
 return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfBatchCreate(tenantBatches: string, meta: string, upload: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, ...fields: Array<string | number>): Result<number, Context>;
+    kfBatchCreate(tenantBatches: string, meta: string, upload: string, batchIndex: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, createdMs: number, indexMax: number, indexTtl: number, ...fields: Array<string | number>): Result<number, Context>;
     kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, added: string, starts: string, count: number, leaseMs: number, openTtl: number, chunk: number, start: Buffer): Result<number, Context>;
     kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
     kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
@@ -219,7 +229,7 @@ declare module 'ioredis' {
 
 /** Registers the scripts on a connection (idempotent: ioredis keeps one definition per name). */
 export function defineBatchScripts(redis: Redis): void {
-  redis.defineCommand('kfBatchCreate', { numberOfKeys: 3, lua: CREATE });
+  redis.defineCommand('kfBatchCreate', { numberOfKeys: 4, lua: CREATE });
   redis.defineCommand('kfChunkAdd', { numberOfKeys: 7, lua: ADD_CHUNK });
   redis.defineCommand('kfChunkComplete', { numberOfKeys: 6, lua: COMPLETE_CHUNK });
   redis.defineCommand('kfChunkSettle', { numberOfKeys: 5, lua: SETTLE_CHUNK });

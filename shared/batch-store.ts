@@ -48,6 +48,8 @@ const ENDED_DURING_UPLOAD = 'the batch ended (cancelled or failed) during its up
 
 /** The least time an open batch (queued or running) lives after its last news: a week. */
 export const OPEN_BATCH_SECONDS = 7 * 86_400;
+/** Batches a tenant's listing keeps, the newest by creation (GET /v1/batches). */
+export const BATCH_INDEX_MAX = 10_000;
 
 export interface BatchStoreOptions {
   /** How long a batch's status and results stay once it ended: completed, failed or cancelled (RESULT_TTL_SECONDS). */
@@ -112,14 +114,16 @@ export class BatchStore {
     let id: string;
     do id = randomBytes(12).toString('base64url');
     while (id[0] === '-' || id[0] === '_');
+    const now = new Date();
     const fields = {
       id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, chunkStarts: 1, status: 'queued',
-      total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: new Date().toISOString(),
+      total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: now.toISOString(),
       ...(spec.callbackUrl ? { callbackUrl: spec.callbackUrl } : {}),
     };
     // The record expires, so even a batch nobody reaps disappears in time; its results clock starts when it ends.
     const created = await this.#redis.kfBatchCreate(
-      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batch(''), maxActive, this.#openTtl, this.#leaseMs, id, ...Object.entries(fields).flat(),
+      k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batchIndex(spec.tenant), k.batch(''), maxActive, this.#openTtl, this.#leaseMs, id,
+      now.getTime(), BATCH_INDEX_MAX, this.#chunkTtl, ...Object.entries(fields).flat(),
     );
     if (created !== 1) {
       throw new KeyfleetError('KF_TOO_MANY_BATCHES', `the tenant has ${maxActive} batches queued or running, the most allowed; retry when one ends`, { retryAfterSeconds: 5 });
@@ -287,6 +291,30 @@ export class BatchStore {
     const result = await this.#redis.kfBatchCancel(k.batch(id), k.batchDone(id), k.backlogItems(), k.batchUpload(id), new Date().toISOString(), k.batchEvents(id), k.batch(id), this.#ttl);
     if (result === -1) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
     return result === 1;
+  }
+
+  /**
+   * A tenant's batches, newest first: `limit` after the one named `before` (the `next` of the
+   * page before; KF_VALIDATION once it is no longer listed). Ids whose record expired are dropped
+   * from the index as they are met, so a page may hold fewer than `limit` with more to follow.
+   */
+  async list(tenant: string, { before, limit }: { before?: string | undefined; limit: number }): Promise<{ batches: BatchRecord[]; next?: string }> {
+    const index = this.#keys.batchIndex(tenant);
+    let start = 0;
+    if (before !== undefined) {
+      const rank = await this.#redis.zrevrank(index, before);
+      if (rank === null) throw new KeyfleetError('KF_VALIDATION', 'querystring.before: that batch is no longer listed (expired or deleted); list again from the start');
+      start = rank + 1;
+    }
+    const ids = await this.#redis.zrevrange(index, start, start + limit);
+    const page = ids.slice(0, limit);
+    const records = await Promise.all(page.map((id) => this.get(id)));
+    const gone = page.filter((_id, i) => records[i] === undefined);
+    // Not the last id of a page: it is the next page's `before`, and must stay findable.
+    const drop = ids.length > limit ? gone.filter((id) => id !== page.at(-1)) : gone;
+    if (drop.length > 0) await this.#redis.zrem(index, ...drop);
+    const batches = records.filter((record) => record !== undefined);
+    return ids.length > limit ? { batches, next: page.at(-1)! } : { batches };
   }
 
   async get(id: string): Promise<BatchRecord | undefined> {

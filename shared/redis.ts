@@ -205,6 +205,11 @@ export class RedisKeys {
     return `${this.prefix}:tenant:${tenant}:batches`;
   }
 
+  /** A tenant's batch ids scored by creation time (ms), for listing: the newest BATCH_INDEX_MAX. */
+  batchIndex(tenant: string): string {
+    return `${this.prefix}:tenant:${tenant}:batch-index`;
+  }
+
   /** An Idempotency-Key record, named by a hash of tenant and key. */
   idempotency(id: string): string {
     return `${this.prefix}:idem:${id}`;

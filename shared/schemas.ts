@@ -62,12 +62,15 @@ export const keyInfo = z.object({
   createdAt: z.string(),
 });
 export type KeyInfo = z.infer<typeof keyInfo>;
+const PAGE_SIZE = 'expected a whole number from 1 to 1000';
+/** Items of a listing's page: 1 to 1,000, 100 by default. Digits only, as `from`. */
+const pageSize = z.string().regex(/^\d{1,4}$/, PAGE_SIZE).transform(Number).pipe(z.number().min(1, PAGE_SIZE).max(1000, PAGE_SIZE)).default(100);
 /** Keys listed a page at a time, in name order. */
 export const listKeysQuery = z.object({
   /** Names after this one: the `next` of the page before. */
   after: keyName.optional(),
   /** Keys in the page, 1 to 1,000. */
-  limit: z.string().regex(/^\d{1,4}$/, 'expected a whole number from 1 to 1000').transform(Number).pipe(z.number().min(1, 'expected a whole number from 1 to 1000').max(1000, 'expected a whole number from 1 to 1000')).default(100),
+  limit: pageSize,
 }).strict();
 export const keyList = z.object({
   keys: z.array(keyInfo),
@@ -177,7 +180,8 @@ export const resultsQuery = z.object({
   // Digits only: a number's other spellings (1e3, 0x10, an empty value read as 0) are refused.
   from: z.string().regex(/^\d{1,15}$/, 'expected a whole number of items').transform(Number).default(0),
 }).strict();
-export const batchParams = z.object({ id: z.string().regex(/^[A-Za-z0-9_-]{8,64}$/, 'expected a batch id') });
+const batchId = z.string().regex(/^[A-Za-z0-9_-]{8,64}$/, 'expected a batch id');
+export const batchParams = z.object({ id: batchId });
 export const batchAccepted = z.object({ batchId: z.string(), status: z.enum(BATCH_STATUSES), total: z.number().int() });
 export const batchStatus = z.object({
   id: z.string(),
@@ -193,6 +197,19 @@ export const batchStatus = z.object({
   error: errorBody.optional(),
 });
 export type BatchStatusBody = z.infer<typeof batchStatus>;
+/** Batches listed a page at a time, newest first. */
+export const listBatchesQuery = z.object({
+  /** Batches older than this one: the `next` of the page before. */
+  before: batchId.optional(),
+  /** Batches in the page, 1 to 1,000. */
+  limit: pageSize,
+}).strict();
+export const batchList = z.object({
+  batches: z.array(batchStatus),
+  /** Present when more batches may follow: pass it as `before` for the next page. */
+  next: z.string().optional(),
+});
+export type BatchList = z.infer<typeof batchList>;
 /** One line of a batch's results (NDJSON): the item's index and its result or error. */
 export const resultLine = z.object({
   i: z.number().int(),

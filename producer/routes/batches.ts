@@ -8,12 +8,12 @@ import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
-import { batchAccepted, batchParams, batchStatus, createBatchQuery, errorResponse, resultsQuery } from '../../shared/schemas.js';
+import { batchAccepted, batchList, batchParams, batchStatus, createBatchQuery, errorResponse, listBatchesQuery, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone, type SchemaRequest } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
-import { principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
+import { hasScope, principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
 import { reclaiming } from '../reclaim.js';
 import { streamBatchEvents } from '../sse.js';
 
@@ -82,6 +82,13 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   // fastify's callback style (the handler returns nothing): see sendWhenDone.
   r.post('/v1/batches', { config: { scope: 'batches', readsOwnBody: true }, schema: uploadSchema }, (request, reply) => sendWhenDone(reply, upload(request, reply)));
 
+  r.get('/v1/batches', { schema: { tags, summary: 'The tenant’s batches, newest first, `limit` (100; at most 1,000) a page; `next` is the `before` of the page that follows. A token without the batches scope sees the batches of its operations', querystring: listBatchesQuery, response: { 200: batchList, '4xx': errorResponse } } }, async (request) => {
+    const principal = requireScope(request, 'batches', 'encrypt', 'decrypt', 'rewrap');
+    const { batches: listed, next } = await batches.list(principal.tenant, request.query);
+    const visible = listed.filter((batch) => hasScope(principal, 'batches', batch.op));
+    return { batches: await Promise.all(visible.map(async (batch) => publicStatus(await settled(app, batch)))), ...(next !== undefined ? { next } : {}) };
+  });
+
   r.get('/v1/batches/:id', { schema: { tags, summary: 'Status and counts', params: batchParams, response: { 200: batchStatus, '4xx': errorResponse } } }, async (request) => {
     return publicStatus(await readableBatch(app, request, request.params.id));
   });
@@ -130,18 +137,21 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
  * the `batches` scope or the scope of the batch's own operation grants access.
  */
 async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: string): Promise<BatchRecord> {
-  const { batches, webhooks } = app.services;
+  const { batches } = app.services;
   const principal = principalOf(request);
-  let batch = await batches.get(id);
+  const batch = await batches.get(id);
   if (!batch || batch.tenant !== principal.tenant) throw new KeyfleetError('KF_BATCH_NOT_FOUND');
   requireScope(request, 'batches', batch.op);
-  // An upload whose API died shows as failed, not as queued for ever.
-  if (!batch.sealed && (batch.status === 'queued' || batch.status === 'running') && (await batches.failIfAbandoned(id))) {
-    batch = (await batches.get(id)) ?? batch;
-    app.services.metrics.batches.inc({ event: 'failed' });
-    webhooks.deliver(batches, id);
-  }
-  return batch;
+  return settled(app, batch);
+}
+
+/** The batch as it stands: an upload whose API died shows as failed, not as queued for ever. */
+async function settled(app: FastifyInstance, batch: BatchRecord): Promise<BatchRecord> {
+  const { batches, webhooks } = app.services;
+  if (batch.sealed || (batch.status !== 'queued' && batch.status !== 'running') || !(await batches.failIfAbandoned(batch.id))) return batch;
+  app.services.metrics.batches.inc({ event: 'failed' });
+  webhooks.deliver(batches, batch.id);
+  return (await batches.get(batch.id)) ?? batch;
 }
 
 /**

@@ -354,7 +354,7 @@ describe('the keyfleet CLI', () => {
     expect(existsSync(path('op.dec'))).toBe(false);
   });
 
-  it('manages keys and batches: keys list/show/rotate, batch status/results/cancel', async () => {
+  it('manages keys and batches: keys list/show/rotate, batch list/status/results/cancel', async () => {
     const rotated = await keyfleet(['keys', 'rotate', 'serials']);
     expect(JSON.parse(rotated.stdout)).toMatchObject({ name: 'serials', latestVersion: 2 });
     expect(JSON.parse((await keyfleet(['keys', 'show', 'serials'])).stdout).latestVersion).toBe(2);
@@ -369,6 +369,10 @@ describe('the keyfleet CLI', () => {
     const run = await keyfleet(['encrypt', '--key', 'serials', '--in', 'three.txt', '--out', 'three.enc']);
     const batchId = /batch (\S+) accepted/.exec(run.stderr)![1]!;
     expect(run.code, run.stderr).toBe(0);
+    const newest = await keyfleet(['batch', 'list', '--limit', '1']);
+    expect(newest.code, newest.stderr).toBe(0);
+    expect(newest.stdout.trim().split('\n').map((l) => JSON.parse(l))).toEqual([expect.objectContaining({ id: batchId, op: 'encrypt', key: 'serials', status: 'completed', total: 3 })]);
+    expect((await keyfleet(['batch', 'list'])).stdout.trim().split('\n').length).toBeGreaterThan(5);
     const status = await keyfleet(['batch', 'status', batchId]);
     expect(status.code, status.stderr).toBe(0);
     expect(JSON.parse(status.stdout)).toMatchObject({ id: batchId, status: 'completed', total: 3 });
