@@ -12,7 +12,7 @@ import { rerunWith, runBulk } from './bulk.js';
 import { Progress } from './progress.js';
 import { KeyfleetClient } from './client.js';
 import { KeyfleetApiError } from './errors.js';
-import { STDIN } from './lines.js';
+import { closeInputs, STDIN } from './lines.js';
 
 /** Exit statuses: 0 all done, 1 a request or the batch failed, 2 some items failed (see stderr). */
 const EXIT = { ok: 0, error: 1, itemsFailed: 2, interrupted: 130 } as const;
@@ -201,4 +201,6 @@ try {
   else if (err instanceof InvalidArgumentError) log(`keyfleet: ${err.message}`);
   else log(`keyfleet: ${(err as Error).message}`);
   process.exitCode = EXIT.error;
+} finally {
+  closeInputs();
 }

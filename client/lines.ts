@@ -1,5 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import { createReadStream } from 'node:fs';
+import type { Readable } from 'node:stream';
 import { truncate } from 'node:fs/promises';
 
 /**
@@ -12,17 +13,39 @@ export const STDIN = '-';
 export const inputName = (path: string): string => (path === STDIN ? 'stdin' : path);
 
 /**
- * The lines of a text file (or of stdin, for STDIN) as they are read, without their line breaks (a `\r` before a `\n`
- * is kept: it belongs to the line, so a round trip gives the file back byte for byte, byte
- * order mark included). A last line without a final newline counts as a line. A line that is
+ * The lines of a text file (or of stdin, for STDIN) as they are read, without their line breaks
+ * (a `\r` before a `\n` is kept: it belongs to the line, so a round trip gives the file back
+ * byte for byte, byte order mark included). A last line without a final newline counts as a line. A line that is
  * not UTF-8 fails the read, naming it: decoded with replacement characters, it would have been
  * encrypted as other text than the file holds.
  */
 export async function* readLines(path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
+  const source = path === STDIN ? process.stdin : createReadStream(path, { highWaterMark: 256 * 1024 });
+  reading.add(source);
+  try {
+    yield* linesOf(source, path, onBytes);
+  } finally {
+    reading.delete(source);
+  }
+}
+
+/**
+ * Inputs being read. A run that ends before its input does (an upload the service refused at
+ * its first bytes) closes them with closeInputs: a read left waiting on stdin or a pipe whose
+ * writer goes on would keep the process from exiting until the writer stops.
+ */
+const reading = new Set<Readable>();
+
+/** Closes every input still being read (see `reading`). */
+export function closeInputs(): void {
+  for (const source of reading) source.destroy();
+  reading.clear();
+}
+
+async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
   let carry: Buffer[] = []; // the bytes of a line not ended yet, joined once it ends
   let bytesRead = 0;
   let lineNo = 0;
-  const source = path === STDIN ? process.stdin : createReadStream(path, { highWaterMark: 256 * 1024 });
   for await (const read of source) {
     const piece = read as Buffer;
     bytesRead += piece.length;

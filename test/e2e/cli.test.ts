@@ -282,6 +282,19 @@ describe('the keyfleet CLI', () => {
     expect(notUtf8.stderr).toContain('line 2 of stdin is not UTF-8 text');
   });
 
+  it('exits on an upload refused at its first bytes, though its stdin is still open', async () => {
+    const started = Date.now();
+    const refused = await runCli(['encrypt', '--key', 'no-such-key', '--in', '-', '--out', 'refused.enc'], {
+      cwd: dir,
+      env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: admin.token },
+      timeoutMs: 30_000,
+      // A writer that goes on: more than the CLI sends at once (256 KB), and the pipe left open.
+      started: (child) => void child.stdin!.write('SN-0000001\n'.repeat(40_000)),
+    });
+    expect({ code: refused.code, stderr: refused.stderr }).toEqual({ code: 1, stderr: expect.stringContaining('KF_KEY_NOT_FOUND') });
+    expect(Date.now() - started).toBeLessThan(30_000); // not killed at the time limit
+  });
+
   it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
     writeFileSync(path('latin1.txt'), Buffer.concat([Buffer.from('SN-1\nSN-2\nCaf'), Buffer.from([0xe9]), Buffer.from('\nSN-4\n')]));
     const { code, stderr } = await keyfleet(['encrypt', '--key', 'serials', '--in', 'latin1.txt', '--out', 'latin1.enc']);
