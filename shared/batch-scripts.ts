@@ -186,14 +186,15 @@ return changed`;
 
 /**
  * KEYS tenantBatches, meta, upload, batchIndex · ARGV metaPrefix, limit, openTtl, leaseMs, id,
- * createdMs, indexMax, indexTtl, field, value, …
+ * createdMs, indexMax, field, value, …
  * Admission: counts the tenant's batches still queued or running (forgetting ended ones) and
  * creates the new one only below the limit, atomically. Ids are random, so a record already
  * there is this one, created by a run whose reply was lost (ioredis sent the script again).
- * The tenant's index, for listing, keeps the newest indexMax ids in order of creation (scored
- * by its time in ms, or one past the newest when that is later: batches made in one ms, or
- * after the clock stepped back, keep their order); ids whose record expired are dropped as a
- * listing meets them (BatchStore.list).
+ * The tenant's index, for listing, keeps the newest indexMax ids in order of creation, each
+ * scored by its time in ms or one past the newest when that is later: scores are unique (a
+ * listing's cursor) and batches made in one ms, or after the clock stepped back, keep their
+ * order. It has no lifetime of its own (a batch's record may outlive any one): ids whose record
+ * expired are dropped here, the oldest two at each creation, and as a listing meets them.
  */
 const CREATE = `
 if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
@@ -203,7 +204,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if status == 'queued' or status == 'running' then active = active + 1 else redis.call('SREM', KEYS[1], id) end
 end
 if active >= tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 9))
+redis.call('HSET', KEYS[2], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[4])
 redis.call('SADD', KEYS[1], ARGV[5])
@@ -212,12 +213,14 @@ local newest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
 redis.call('ZADD', KEYS[4], math.max(tonumber(ARGV[6]), (tonumber(newest) or 0) + 1), ARGV[5])
 local over = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[7])
 if over > 0 then redis.call('ZREMRANGEBYRANK', KEYS[4], 0, over - 1) end
-redis.call('EXPIRE', KEYS[4], ARGV[8])
+for _, old in ipairs(redis.call('ZRANGE', KEYS[4], 0, 1)) do
+  if redis.call('EXISTS', ARGV[1] .. old) == 0 then redis.call('ZREM', KEYS[4], old) end
+end
 return 1`;
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    kfBatchCreate(tenantBatches: string, meta: string, upload: string, batchIndex: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, createdMs: number, indexMax: number, indexTtl: number, ...fields: Array<string | number>): Result<number, Context>;
+    kfBatchCreate(tenantBatches: string, meta: string, upload: string, batchIndex: string, metaPrefix: string, limit: number, openTtl: number, leaseMs: number, id: string, createdMs: number, indexMax: number, ...fields: Array<string | number>): Result<number, Context>;
     kfChunkAdd(meta: string, input: string, backlog: string, upload: string, done: string, added: string, starts: string, count: number, leaseMs: number, openTtl: number, chunk: number, start: Buffer): Result<number, Context>;
     kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
     kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;

@@ -123,7 +123,7 @@ export class BatchStore {
     // The record expires, so even a batch nobody reaps disappears in time; its results clock starts when it ends.
     const created = await this.#redis.kfBatchCreate(
       k.tenantBatches(spec.tenant), k.batch(id), k.batchUpload(id), k.batchIndex(spec.tenant), k.batch(''), maxActive, this.#openTtl, this.#leaseMs, id,
-      now.getTime(), BATCH_INDEX_MAX, this.#chunkTtl, ...Object.entries(fields).flat(),
+      now.getTime(), BATCH_INDEX_MAX, ...Object.entries(fields).flat(),
     );
     if (created !== 1) {
       throw new KeyfleetError('KF_TOO_MANY_BATCHES', `the tenant has ${maxActive} batches queued or running, the most allowed; retry when one ends`, { retryAfterSeconds: 5 });
@@ -294,27 +294,22 @@ export class BatchStore {
   }
 
   /**
-   * A tenant's batches, newest first: `limit` after the one named `before` (the `next` of the
-   * page before; KF_VALIDATION once it is no longer listed). Ids whose record expired are dropped
-   * from the index as they are met, so a page may hold fewer than `limit` with more to follow.
+   * A tenant's batches, newest first: `limit` of those made before the cursor `before` (the
+   * `next` of the page before: a position in the index, which never goes stale). Ids whose record
+   * expired are dropped from the index as they are met, so a page may hold fewer than `limit`
+   * with more to follow.
    */
-  async list(tenant: string, { before, limit }: { before?: string | undefined; limit: number }): Promise<{ batches: BatchRecord[]; next?: string }> {
+  async list(tenant: string, { before, limit }: { before?: number | undefined; limit: number }): Promise<{ batches: BatchRecord[]; next?: string }> {
     const index = this.#keys.batchIndex(tenant);
-    let start = 0;
-    if (before !== undefined) {
-      const rank = await this.#redis.zrevrank(index, before);
-      if (rank === null) throw new KeyfleetError('KF_VALIDATION', 'querystring.before: that batch is no longer listed (expired or deleted); list again from the start');
-      start = rank + 1;
-    }
-    const ids = await this.#redis.zrevrange(index, start, start + limit);
-    const page = ids.slice(0, limit);
-    const records = await Promise.all(page.map((id) => this.get(id)));
-    const gone = page.filter((_id, i) => records[i] === undefined);
-    // Not the last id of a page: it is the next page's `before`, and must stay findable.
-    const drop = ids.length > limit ? gone.filter((id) => id !== page.at(-1)) : gone;
-    if (drop.length > 0) await this.#redis.zrem(index, ...drop);
+    const scored = await this.#redis.zrevrangebyscore(index, before === undefined ? '+inf' : `(${before}`, '-inf', 'WITHSCORES', 'LIMIT', 0, limit + 1);
+    const ids: string[] = [];
+    for (let i = 0; i < scored.length && ids.length < limit; i += 2) ids.push(scored[i]!);
+    const records = await Promise.all(ids.map((id) => this.get(id)));
+    const gone = ids.filter((_id, i) => records[i] === undefined);
+    if (gone.length > 0) await this.#redis.zrem(index, ...gone);
     const batches = records.filter((record) => record !== undefined);
-    return ids.length > limit ? { batches, next: page.at(-1)! } : { batches };
+    // The score of the page's last id: unique, so the next page starts right after it.
+    return scored.length > 2 * limit ? { batches, next: scored[2 * limit - 1]! } : { batches };
   }
 
   async get(id: string): Promise<BatchRecord | undefined> {

@@ -30,6 +30,12 @@ const INDEX = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('ZADD', KEYS[2], 'NX', 0, ARGV[1])`;
 
+// Drops a listed name whose key is gone (deleted by an API from before the index): only while
+// its hash is missing, so a key made again under the name since it was read stays listed.
+const UNINDEX = `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('ZREM', KEYS[2], ARGV[1])`;
+
 // Counts encryptions only into the making of the key that made them: a count that arrives
 // after the key was deleted would otherwise leave a hash of its own, which a key made later
 // under the name would take over as its budget. -1: that key is gone.
@@ -101,6 +107,7 @@ declare module 'ioredis' {
   interface RedisCommander<Context> {
     kfKeyCreate(key: string, index: string, type: string, convergent: string, createdAt: string, wrapped: string, createdMs: number, id: string, changes: string, name: string): Result<string, Context>;
     kfKeyIndex(key: string, index: string, name: string): Result<number, Context>;
+    kfKeyUnindex(key: string, index: string, name: string): Result<number, Context>;
     kfKeyCount(key: string, id: string, field: string, count: number): Result<number, Context>;
     kfKeyRotate(key: string, expectedLatest: string, wrapped: string, createdMs: number, changes: string): Result<number, Context>;
     kfKeyPatch(key: string, minDec: string, deletionAllowed: string, autoRotatePeriod: string, minEnc: string, changes: string): Result<number, Context>;
@@ -140,6 +147,7 @@ export class KeyStore {
     this.#master = master;
     redis.defineCommand('kfKeyCreate', { numberOfKeys: 2, lua: CREATE });
     redis.defineCommand('kfKeyIndex', { numberOfKeys: 2, lua: INDEX });
+    redis.defineCommand('kfKeyUnindex', { numberOfKeys: 2, lua: UNINDEX });
     redis.defineCommand('kfKeyRotate', { numberOfKeys: 1, lua: ROTATE });
     redis.defineCommand('kfKeyPatch', { numberOfKeys: 1, lua: PATCH });
     redis.defineCommand('kfKeyTrim', { numberOfKeys: 1, lua: TRIM });
@@ -169,20 +177,24 @@ export class KeyStore {
   }
 
   /**
-   * A tenant's keys in name order, the first `limit` after `after`; `next` (the last name given)
-   * when more follow. A key deleted between the index and its read is left out.
+   * A tenant's keys in name order, the first `limit` after `after`; `next` (the last name read)
+   * when more follow. A name whose key is gone is left out, and dropped from the index.
    */
   async list(tenant: string, { after, limit }: { after?: string | undefined; limit: number }): Promise<KeyList> {
-    const names = await this.#redis.zrangebylex(this.#keys.keyIndex(tenant), after === undefined ? '-' : `(${after}`, '+', 'LIMIT', 0, limit + 1);
+    const index = this.#keys.keyIndex(tenant);
+    const names = await this.#redis.zrangebylex(index, after === undefined ? '-' : `(${after}`, '+', 'LIMIT', 0, limit + 1);
     const page = names.slice(0, limit);
-    const keys = (await Promise.all(page.map((name) => this.#read(tenant, name)))).filter((info) => info !== undefined);
+    const read = await Promise.all(page.map((name) => this.#read(tenant, name)));
+    await Promise.all(page.map((name, i) => (read[i] === undefined ? this.#redis.kfKeyUnindex(this.#keys.key(tenant, name), index, name) : 0)));
+    const keys = read.filter((info) => info !== undefined);
     return names.length > limit ? { keys, next: page.at(-1)! } : { keys };
   }
 
   /**
    * Lists every key in its tenant's index: keys made by an API from before the index was kept
    * are in none. The API runs it at each start; keys already listed are left alone, so it is
-   * safe beside APIs still running, old or new. `signal` stops it between scanned pages.
+   * safe beside APIs still running, old or new (what an old API makes after the scan waits for
+   * the next start; what it deletes, `list` drops). `signal` stops it between scanned pages.
    */
   async indexAll(signal?: AbortSignal): Promise<{ keys: number; indexed: number }> {
     const counts = { keys: 0, indexed: 0 };

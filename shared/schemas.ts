@@ -199,8 +199,8 @@ export const batchStatus = z.object({
 export type BatchStatusBody = z.infer<typeof batchStatus>;
 /** Batches listed a page at a time, newest first. */
 export const listBatchesQuery = z.object({
-  /** Batches older than this one: the `next` of the page before. */
-  before: batchId.optional(),
+  /** Batches made before this point: the `next` of the page before. */
+  before: z.string().regex(/^\d{1,16}$/, 'expected the next of a page before').transform(Number).optional(),
   /** Batches in the page, 1 to 1,000. */
   limit: pageSize,
 }).strict();

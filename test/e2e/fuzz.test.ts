@@ -126,7 +126,8 @@ function generator(random: () => number) {
     () => ({ kind: 'scope', method: 'POST', path: `/v1/${pick(['decrypt', 'rewrap'])}/serials`, headers: { authorization: `Bearer ${encryptOnly.token}`, 'content-type': 'application/json' }, body: JSON.stringify({ items: [ciphertext()] }) }),
     () => ({ kind: 'content-type', method: 'POST', path: pick(['/v1/encrypt/serials', '/v1/batches?op=encrypt&key=serials']), headers: { ...auth, 'content-type': pick(['text/plain', 'multipart/form-data; boundary=x', 'application/xml', 'application/octet-stream', 'application/jsonx', 'json', 'text/plain; charset=utf-8']) }, body: '{"items":["a"]}' }),
     () => ({ kind: 'request-id', method: 'POST', path: '/v1/encrypt/serials', headers: { ...json, 'x-request-id': pick(['', 'x'.repeat(5000), '../../', 'id with spaces', '\u00ff']) }, body: '{"items": 7}' }),
-    () => ({ kind: 'routes', method: pick(['PUT', 'DELETE', 'PATCH', 'GET']), path: pick(['/v1/encrypt/serials', '/v1/keys', '/v2/encrypt/serials', '/v1/', '/%', '/v1/batches']), headers: auth }),
+    () => ({ kind: 'routes', method: pick(['PUT', 'DELETE', 'PATCH', 'OPTIONS']), path: pick(['/v1/encrypt/serials', '/v1/keys', '/v2/encrypt/serials', '/v1/', '/%', '/v1/batches']), headers: auth }),
+    () => ({ kind: 'list-query', method: 'GET', path: `${pick(['/v1/keys', '/v1/batches'])}?${pick(['limit=0', 'limit=-5', 'limit=1e2', 'limit=99999', 'after=a%2Fb', 'before=x', 'before=-1', 'after=', 'page=2', 'limit=5&limit=6', '%zz=1'])}`, headers: auth }),
   ];
   return (): FuzzRequest => pick(makers)();
 }

@@ -60,8 +60,9 @@ describe('listing batches', () => {
 
   it('pages with limit and before, and the client reads every page', async () => {
     const newest = [...made].reverse();
-    expect(await ids('?limit=3')).toEqual({ ids: newest.slice(0, 3), next: newest[2] });
-    expect(await ids(`?limit=3&before=${newest[2]}`)).toEqual({ ids: newest.slice(3) });
+    const first = await ids('?limit=3');
+    expect(first).toEqual({ ids: newest.slice(0, 3), next: expect.stringMatching(/^\d+$/) });
+    expect(await ids(`?limit=3&before=${first.next}`)).toEqual({ ids: newest.slice(3) });
     const client = new KeyfleetClient({ url, token: admin.token });
     const all: string[] = [];
     for await (const status of client.allBatches({ pageSize: 1 })) all.push(status.id);
@@ -70,6 +71,11 @@ describe('listing batches', () => {
 
   it('shows a token with an operation’s scope only the batches of that operation, and refuses one with neither that nor the batches scope', async () => {
     expect((await ids('', encryptOnly)).ids).toEqual([made[3], made[2], made[0]]);
+    // Its cursor names no batch (the page's last may be one it cannot see).
+    const paged = await ids('?limit=2', encryptOnly);
+    expect(paged.ids).toEqual([made[3], made[2]]);
+    expect(paged.next).not.toContain(made[2]);
+    expect((await ids(`?limit=2&before=${paged.next}`, encryptOnly)).ids).toEqual([made[0]]);
     const refused = await call(app, keysOnly, 'GET', '/v1/batches');
     expect(refused.statusCode).toBe(403);
     expect(refused.json().error.code).toBe('KF_FORBIDDEN');
@@ -83,8 +89,30 @@ describe('listing batches', () => {
     expect(await redis.zscore(keys.batchIndex(admin.tenant), expired)).toBeNull();
   });
 
-  it('refuses a bad page size, a `before` that is not listed, and an unknown parameter with 400 KF_VALIDATION', async () => {
-    for (const query of ['limit=0', 'limit=1001', 'limit=many', 'before=not-a-batch-id-listed', 'before=a', 'since=2026-01-01']) {
+  it('goes on from a page whose last batch has since expired and been dropped by another listing', async () => {
+    const newest = [...made].reverse();
+    const first = await ids('?limit=2');
+    expect(first.ids).toEqual(newest.slice(0, 2));
+    const kept = await redis.dumpBuffer(keys.batch(newest[1]!));
+    await redis.del(keys.batch(newest[1]!));
+    expect((await ids('')).ids).toEqual([newest[0], ...newest.slice(2)]);
+    expect(await ids(`?before=${first.next}`)).toEqual({ ids: newest.slice(2) });
+    // Back as it was, for the tests after.
+    await redis.restore(keys.batch(newest[1]!), 0, kept!);
+    await redis.zadd(keys.batchIndex(admin.tenant), Number(first.next), newest[1]!);
+  });
+
+  it('drops the oldest ids whose records expired as batches are made, with no listing', async () => {
+    const index = keys.batchIndex(admin.tenant);
+    const gone = `gone-${randomBytes(6).toString('hex')}`;
+    await redis.zadd(index, 1, gone); // older than every batch, and no record
+    await upload(admin, 'encrypt', ['x']);
+    expect(await redis.zscore(index, gone)).toBeNull();
+    expect(await redis.ttl(index)).toBe(-1); // no lifetime of its own: a batch's record may outlive any
+  });
+
+  it('refuses a bad page size, a `before` that is no page’s next, and an unknown parameter with 400 KF_VALIDATION', async () => {
+    for (const query of ['limit=0', 'limit=1001', 'limit=many', 'before=not-a-batch-id-listed', 'before=-1', 'before=1.5', 'before=', 'since=2026-01-01']) {
       const res = await call(app, admin, 'GET', `/v1/batches?${query}`);
       expect(res.statusCode, query).toBe(400);
       expect(res.json().error.code, query).toBe('KF_VALIDATION');

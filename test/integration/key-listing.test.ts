@@ -99,6 +99,16 @@ describe('listing keys', () => {
     expect(listed).not.toContain('deleted-before');
   });
 
+  it('leaves out and unlists a name whose key an API from before the index deleted, but not one made again since', async () => {
+    await call(app, admin, 'POST', '/v1/keys/deleted-by-old');
+    await call(app, admin, 'POST', '/v1/keys/made-again');
+    // As an old API deletes: the hash goes, the name stays listed.
+    await redis.del(keys.key(admin.tenant, 'deleted-by-old'));
+    expect((await names('/v1/keys')).names).not.toContain('deleted-by-old');
+    expect(await redis.zscore(keys.keyIndex(admin.tenant), 'deleted-by-old')).toBeNull();
+    expect(await redis.zscore(keys.keyIndex(admin.tenant), 'made-again')).not.toBeNull();
+  });
+
   it('gives every key through the client, page by page', async () => {
     if (!apiProcess) await startApiProcess();
     const client = new KeyfleetClient({ url: apiUrl, token: admin.token });
