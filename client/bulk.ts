@@ -93,7 +93,8 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     // stdin: a file redirected to it has its size (for the progress bar), but is read only once.
     const file = input === STDIN ? fstatSync(0) : await stat(input);
     const readTwice = input !== STDIN && file.isFile();
-    const size = file.size;
+    // A pipe's size is unknown (0): its progress shows what was read, without a total.
+    const size = file.isFile() ? file.size : undefined;
     let uploads = 0;
     const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
     const started = Date.now();

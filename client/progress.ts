@@ -30,10 +30,20 @@ export class Progress {
       : undefined;
   }
 
-  /** `done` of `total`, with the rate since `startedAt` (ms since the epoch). */
-  update(done: number, total: number, startedAt: number): void {
+  /**
+   * `done` of `total`, with the rate since `startedAt` (ms since the epoch). With no total (an
+   * input read from a pipe, whose size is unknown), plain lines of what is done and the rate,
+   * every two seconds, even on a terminal: a bar would have no end to show.
+   */
+  update(done: number, total: number | undefined, startedAt: number): void {
     const seconds = Math.max((Date.now() - startedAt) / 1000, 0.001);
     const rate = done / seconds;
+    if (total === undefined) {
+      if (Date.now() - this.#lastLine < 2_000) return;
+      this.#lastLine = Date.now();
+      process.stderr.write(`${this.#label} ${this.#format(done)} ${this.#unit}, ${this.#format(rate)} ${this.#unit}/s\n`);
+      return;
+    }
     const payload = { done: this.#format(done), all: this.#format(total), rate: this.#format(rate) };
     if (this.#bar) {
       if (total !== this.#total) {

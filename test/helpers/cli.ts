@@ -18,7 +18,10 @@ export interface CliRun {
 export function runCli(args: readonly string[], { cwd, env, timeoutMs = 90_000, started, stdin }: { cwd: string; env: Record<string, string>; timeoutMs?: number; started?: (child: ChildProcess) => void; stdin?: string | Buffer | { fd: number } }): Promise<CliRun> {
   return new Promise((done, fail) => {
     const child = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env['PATH'] ?? '', ...env }, cwd, stdio: [typeof stdin === 'object' && !Buffer.isBuffer(stdin) ? stdin.fd : 'pipe', 'pipe', 'pipe'] });
-    if (typeof stdin === 'string' || Buffer.isBuffer(stdin)) child.stdin!.end(stdin);
+    if (typeof stdin === 'string' || Buffer.isBuffer(stdin)) {
+      child.stdin!.on('error', () => {}); // EPIPE when the CLI ends without reading it all: its own outcome tells
+      child.stdin!.end(stdin);
+    }
     started?.(child);
     let stdout = '';
     let stderr = '';
