@@ -184,13 +184,11 @@ export class KeyfleetClient {
   }
 
   /** Every key of the tenant in name order, read a page at a time. */
-  async *allKeys({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<KeyInfo> {
-    let after: string | undefined;
-    do {
-      const page = await this.listKeys({ ...(after !== undefined ? { after } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
-      yield* page.keys;
-      after = page.next;
-    } while (after !== undefined);
+  allKeys({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<KeyInfo> {
+    return everyItem(async (after) => {
+      const { keys, next } = await this.listKeys({ ...(after !== undefined ? { after } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
+      return { items: keys, next };
+    });
   }
 
   async rotateKey(name: string): Promise<KeyInfo> {
@@ -251,13 +249,11 @@ export class KeyfleetClient {
   }
 
   /** Every batch the tenant's listing keeps, newest first, read a page at a time. */
-  async *allBatches({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<BatchStatusBody> {
-    let before: string | undefined;
-    do {
-      const page = await this.listBatches({ ...(before !== undefined ? { before } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
-      yield* page.batches;
-      before = page.next;
-    } while (before !== undefined);
+  allBatches({ pageSize }: { pageSize?: number } = {}): AsyncGenerator<BatchStatusBody> {
+    return everyItem(async (before) => {
+      const { batches, next } = await this.listBatches({ ...(before !== undefined ? { before } : {}), ...(pageSize !== undefined ? { limit: pageSize } : {}) });
+      return { items: batches, next };
+    });
   }
 
   /** The batch’s status now and at every change, ending with its final status; a batch whose record goes meanwhile (expired, deleted) ends it with an error. */
@@ -425,6 +421,16 @@ export class KeyfleetClient {
 }
 
 /** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
+/** The items of every page of a listing, each page read with the `next` of the one before. */
+async function* everyItem<T>(page: (cursor: string | undefined) => Promise<{ items: T[]; next?: string | undefined }>): AsyncGenerator<T> {
+  let cursor: string | undefined;
+  do {
+    const { items, next } = await page(cursor);
+    yield* items;
+    cursor = next;
+  } while (cursor !== undefined);
+}
+
 /** `path` with the parameters that are set as its query. */
 function withQuery(path: string, params: Record<string, string | number | undefined>): string {
   const query = new URLSearchParams();
