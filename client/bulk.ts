@@ -4,7 +4,7 @@ import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { BatchOp } from '../shared/schemas.js';
+import type { BatchOp, BatchStatusBody } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
 import { KeyfleetApiError, KeyfleetTimeoutError } from './errors.js';
 import { inputName, LineMap, NotUtf8Error, readLines, resumePoint, STDIN } from './lines.js';
@@ -124,15 +124,16 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
-  } else if (options.in && options.ndjson) {
-    for await (const _ of ndjsonPieces(options.in, true, op !== 'encrypt', lines));
+  } else {
+    // Before waiting on it or reading the input: a batch of another op or key is refused at
+    // once, not once it has ended.
+    sameWork(await client.batch(batchId), op, key);
+    if (options.in && options.ndjson) for await (const _ of ndjsonPieces(options.in, true, op !== 'encrypt', lines));
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
   const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)), { apiReached: !options.resume }));
-  if (final.op !== op || final.key !== key) {
-    throw new Error(`batch ${batchId} is ${final.op} under key ${final.key}, not ${op} under key ${key}`);
-  }
+  sameWork(final, op, key);
   if (final.status !== 'completed') {
     const reason = final.error ? `: ${final.error.code} ${final.error.message}` : '';
     throw new Error(`batch ${batchId} ended ${final.status}${reason}`);
@@ -141,6 +142,11 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   const { written, unwritable } = await download(client, batchId, options, lines);
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
   return { batchId, total: final.total, succeeded: final.succeeded - unwritable, failed: final.failed + unwritable, status: final.status };
+}
+
+/** Refuses a batch of another operation or key than the command's (a --resume of the wrong id). */
+function sameWork(batch: BatchStatusBody, op: BatchOp, key: string): void {
+  if (batch.op !== op || batch.key !== key) throw new Error(`batch ${batch.id} is ${batch.op} under key ${batch.key}, not ${op} under key ${key}`);
 }
 
 /** `work`, with `bar` stopped when it settles either way: a bar left running holds the process open. */
