@@ -140,6 +140,9 @@ export class ItemFramer {
       this.#escaped = false;
       return;
     }
+    // The body is an object, and the value of its "items" an array: a string, number or literal
+    // there is not the shape (read on, it would pass as an upload of no items).
+    if ((this.#depth === 0 && b !== OPEN_BRACE) || (itemsKey && b !== OPEN_BRACKET)) throw notTheShape();
     switch (b) {
       case OPEN_BRACE:
       case OPEN_BRACKET:

@@ -138,12 +138,13 @@ describe('JSON batch upload limits', () => {
     }
   });
 
-  it('refuses a string longer than any item outside "items" with 413 KF_PAYLOAD_TOO_LARGE', async () => {
-    for (const body of [`{"${'A'.repeat(8 * MB)}":1,"items":["a"]}`, `{"items":"${'A'.repeat(8 * MB)}"}`]) {
-      const res = await upload(app, body);
-      expect(res.statusCode).toBe(413);
-      expect(res.json().error.code).toBe('KF_PAYLOAD_TOO_LARGE');
-    }
+  it('refuses a string longer than any item outside "items" with 413 KF_PAYLOAD_TOO_LARGE, and "items" that is one at its first byte', async () => {
+    const key = await upload(app, `{"${'A'.repeat(8 * MB)}":1,"items":["a"]}`);
+    expect(key.statusCode).toBe(413);
+    expect(key.json().error.code).toBe('KF_PAYLOAD_TOO_LARGE');
+    const value = await upload(app, `{"items":"${'A'.repeat(8 * MB)}"}`);
+    expect(value.statusCode).toBe(400);
+    expect(value.json().error.code).toBe('KF_VALIDATION');
   });
 
   it('refuses any other body than {"items": [...]} with 400 KF_VALIDATION, as the sync routes refuse unknown fields', async () => {
@@ -155,6 +156,8 @@ describe('JSON batch upload limits', () => {
       ['{"items":["a"],"items":["b"]}', /"items" given twice/],
       ['{"items":{"a":["b"]}}', /expected a JSON object \{"items": \[...\]\}/],
       ['["a","b"]', /expected a JSON object/],
+      // Not "no items": the items are not an array, or the body no object.
+      ...['{"items":"a"}', '{"items":null}', '{"items":5}', '{"items":true}', '"a"', '7', 'null'].map((body): [string, RegExp] => [body, /expected a JSON object \{"items": \[...\]\} with an array of items/]),
       // Nesting outside the items: the parser's cost grows with the square of its depth.
       [`{"x":${'['.repeat(80_000)}${']'.repeat(80_000)},"items":["a"]}`, /unrecognized key "x"/],
       [`{"items":[],${'['.repeat(80_000)}`, /expected a JSON object/],
