@@ -202,5 +202,7 @@ try {
   else log(`keyfleet: ${(err as Error).message}`);
   process.exitCode = EXIT.error;
 } finally {
-  closeInputs();
+  // An input still being read: the run ended before it (refused), with nothing left to write
+  // but stderr, which is synchronous here. Exiting ends a read a named pipe's writer holds open.
+  if (closeInputs() > 0) process.exit();
 }

@@ -420,7 +420,6 @@ export class KeyfleetClient {
   }
 }
 
-/** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
 /** The items of every page of a listing, each page read with the `next` of the one before. */
 async function* everyItem<T>(page: (cursor: string | undefined) => Promise<{ items: T[]; next?: string | undefined }>): AsyncGenerator<T> {
   let cursor: string | undefined;
@@ -438,6 +437,7 @@ function withQuery(path: string, params: Record<string, string | number | undefi
   return query.size > 0 ? `${path}?${query}` : path;
 }
 
+/** A time limit of ClientOptions, checked once: Node's timers take 1 ms to about 24.8 days. */
 function limitOption(name: string, ms: unknown): number {
   if (typeof ms === 'number' && ms > 0 && ms <= MAX_TIMER_MS) return ms;
   throw new Error(`keyfleet client: ${name} must be a number of milliseconds > 0 and at most ${MAX_TIMER_MS}, got ${String(ms)}`);

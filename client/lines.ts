@@ -36,10 +36,15 @@ export async function* readLines(path: string, onBytes?: (bytesRead: number) => 
  */
 const reading = new Set<Readable>();
 
-/** Closes every input still being read (see `reading`). */
-export function closeInputs(): void {
+/**
+ * Closes every input still being read (see `reading`); how many there were. A named pipe's
+ * read waits in a thread of libuv's pool, which closing does not end: the caller exits.
+ */
+export function closeInputs(): number {
+  const open = reading.size;
   for (const source of reading) source.destroy();
   reading.clear();
+  return open;
 }
 
 async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {

@@ -2,7 +2,9 @@ import cliProgress from 'cli-progress';
 
 /**
  * Shows progress on stderr: a bar with rate and ETA on a terminal, plain lines elsewhere (every
- * two seconds or every 10%, and at the end), so logs of scripted runs stay readable.
+ * two seconds or every 10%, and at the end), so logs of scripted runs stay readable. Without a
+ * total (an input from a pipe) there is no bar: lines of what is done, every two seconds and
+ * at the end.
  */
 export class Progress {
   readonly #bar: cliProgress.SingleBar | undefined;
@@ -12,6 +14,8 @@ export class Progress {
   #lastLine = 0;
   #lastTenth = -1;
   #total = -1;
+  /** The line of the latest count without a total, until it is written. */
+  #untotalled: string | undefined;
 
   constructor(label: string, unit: 'items' | 'MB', interactive = Boolean(process.stderr.isTTY)) {
     this.#label = label;
@@ -39,9 +43,11 @@ export class Progress {
     const seconds = Math.max((Date.now() - startedAt) / 1000, 0.001);
     const rate = done / seconds;
     if (total === undefined) {
+      this.#untotalled = `${this.#label} ${this.#format(done)} ${this.#unit}, ${this.#format(rate)} ${this.#unit}/s\n`;
       if (Date.now() - this.#lastLine < 2_000) return;
       this.#lastLine = Date.now();
-      process.stderr.write(`${this.#label} ${this.#format(done)} ${this.#unit}, ${this.#format(rate)} ${this.#unit}/s\n`);
+      process.stderr.write(this.#untotalled);
+      this.#untotalled = undefined;
       return;
     }
     const payload = { done: this.#format(done), all: this.#format(total), rate: this.#format(rate) };
@@ -67,6 +73,9 @@ export class Progress {
   stop(): void {
     this.#bar?.stop();
     running.delete(this);
+    // The last figures of a count without a total, if they came after its last line.
+    if (this.#untotalled) process.stderr.write(this.#untotalled);
+    this.#untotalled = undefined;
   }
 
   /** Stops every bar (each gives the terminal its cursor back): before the CLI exits on a signal. */

@@ -205,7 +205,7 @@ export class RedisKeys {
     return `${this.prefix}:tenant:${tenant}:batches`;
   }
 
-  /** A tenant's batch ids scored by creation time (ms), for listing: the newest BATCH_INDEX_MAX. */
+  /** A tenant's batch ids in order of creation (scored by its ms, unique: batch-scripts.ts CREATE), for listing: the newest BATCH_INDEX_MAX. */
   batchIndex(tenant: string): string {
     return `${this.prefix}:tenant:${tenant}:batch-index`;
   }

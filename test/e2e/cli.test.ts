@@ -1,5 +1,5 @@
-import type { ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, linkSync, openSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, truncateSync } from 'node:fs';
+import { execFileSync, type ChildProcess } from 'node:child_process';
+import { closeSync, createWriteStream, existsSync, linkSync, openSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, truncateSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -304,6 +304,21 @@ describe('the keyfleet CLI', () => {
     });
     expect({ code: refused.code, stderr: refused.stderr }).toEqual({ code: 1, stderr: expect.stringContaining('KF_KEY_NOT_FOUND') });
     expect(Date.now() - started).toBeLessThan(30_000); // not killed at the time limit
+  });
+
+  it('exits on an upload refused at its first bytes, though the named pipe it reads is still open', async () => {
+    const fifo = path('input.fifo');
+    execFileSync('mkfifo', [fifo]);
+    // Opened for writing once the CLI opens it for reading; written to, and left open.
+    const writer = createWriteStream(fifo);
+    writer.on('error', () => {}); // EPIPE once the CLI has gone
+    writer.write('SN-0000001\n'.repeat(40_000));
+    try {
+      const refused = await keyfleet(['encrypt', '--key', 'no-such-key', '--in', 'input.fifo', '--out', 'refused-fifo.enc']);
+      expect({ code: refused.code, stderr: refused.stderr }).toEqual({ code: 1, stderr: expect.stringContaining('KF_KEY_NOT_FOUND') });
+    } finally {
+      writer.destroy();
+    }
   });
 
   it('refuses a line that is not UTF-8 before the service gets it, naming the line', async () => {
