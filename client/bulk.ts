@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { BatchOp, BatchStatusBody } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
 import { KeyfleetApiError, KeyfleetTimeoutError } from './errors.js';
-import { inputName, LineMap, NotUtf8Error, readLines, resumePoint, STDIN } from './lines.js';
+import { inputName, LineMap, NotUtf8Error, READ_END, readLines, resumePoint, STDIN } from './lines.js';
 import { Progress } from './progress.js';
 import { GATEWAY_ANSWERS } from './retry.js';
 
@@ -113,7 +113,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
       () => {
         // The upload must be sent again (a 429 or 503, a timeout): a pipe cannot be read twice.
         if (uploads++ > 0 && !readTwice) throw new Error(`the upload must be sent again, and ${inputName(input)} is not a file that can be read twice: save the input to a file and run again with --idempotency-key ${idempotencyKey} (the service may have made the batch of the first upload; the key gets that one rather than a second)`);
-        return wholeThen(ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started)), () => options.onSentWhole?.(idempotencyKey));
+        return wholeThen(ndjsonPieces(input, options.ndjson, op !== 'encrypt', lines, (read) => upload.update(read, size, started), { eager: size === undefined }), () => options.onSentWhole?.(idempotencyKey));
       },
     )).catch((err: unknown) => {
       // The service may have made the batch and its answer was lost: only the key gets that one.
@@ -172,12 +172,21 @@ async function* wholeThen<T>(pieces: AsyncIterable<T>, whole: () => void): Async
  * (decrypt, rewrap) lose a trailing `\r` and the file's byte order mark, which no ciphertext
  * holds: a file saved with Windows line ends decrypts as it is. Plaintext lines are kept whole.
  */
-async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean, lines: LineMap, onBytes?: (read: number) => void): AsyncGenerator<string> {
+async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean, lines: LineMap, onBytes?: (read: number) => void, { eager = false } = {}): AsyncGenerator<string> {
   lines.reset();
   let piece = '';
   let lineNo = 0;
   try {
     for await (const read of readLines(path, onBytes)) {
+      if (read === READ_END) {
+        // From a pipe, what its writer wrote goes on now, rather than at 256 KB: a slow writer's
+        // upload starts (and is refused, if it is refused) with its first lines.
+        if (eager && piece) {
+          yield piece;
+          piece = '';
+        }
+        continue;
+      }
       lineNo++;
       let line = read;
       if (ciphertexts && !ndjson) {

@@ -15,11 +15,12 @@ export const inputName = (path: string): string => (path === STDIN ? 'stdin' : p
 /**
  * The lines of a text file (or of stdin, for STDIN) as they are read, without their line breaks
  * (a `\r` before a `\n` is kept: it belongs to the line, so a round trip gives the file back
- * byte for byte, byte order mark included). A last line without a final newline counts as a line. A line that is
- * not UTF-8 fails the read, naming it: decoded with replacement characters, it would have been
- * encrypted as other text than the file holds.
+ * byte for byte, byte order mark included), and READ_END after each read's lines. A last line
+ * without a final newline counts as a line. A line that is not UTF-8 fails the read, naming it:
+ * decoded with replacement characters, it would have been encrypted as other text than the
+ * file holds.
  */
-export async function* readLines(path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
+export async function* readLines(path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string | typeof READ_END> {
   const source = path === STDIN ? process.stdin : createReadStream(path, { highWaterMark: 256 * 1024 });
   reading.add(source);
   try {
@@ -47,7 +48,13 @@ export function closeInputs(): number {
   return open;
 }
 
-async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string> {
+/**
+ * Yielded by readLines after the lines of each read: what came so far is all there is for now.
+ * A pipe's writer may be slow; what it wrote can go on before it writes more.
+ */
+export const READ_END = Symbol('read end');
+
+async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: number) => void): AsyncGenerator<string | typeof READ_END> {
   let carry: Buffer[] = []; // the bytes of a line not ended yet, joined once it ends
   let bytesRead = 0;
   let lineNo = 0;
@@ -59,6 +66,7 @@ async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: nu
     const lastBreak = piece.lastIndexOf(10);
     if (lastBreak === -1) {
       carry.push(piece);
+      yield READ_END;
       continue;
     }
     const whole = carry.length ? Buffer.concat([...carry, piece.subarray(0, lastBreak + 1)]) : piece.subarray(0, lastBreak + 1);
@@ -68,6 +76,7 @@ async function* linesOf(source: Readable, path: string, onBytes?: (bytesRead: nu
       lineNo++;
       yield text.slice(start, at);
     }
+    yield READ_END;
   }
   if (carry.length) yield decodeLines(Buffer.concat(carry), path, lineNo);
 }
