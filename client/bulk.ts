@@ -126,14 +126,13 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
   } else {
     // Before waiting on it or reading the input: a batch of another op or key is refused at
-    // once, not once it has ended.
+    // once, not once it has ended (a batch's op and key never change; one just made is ours).
     sameWork(await client.batch(batchId), op, key);
     if (options.in && options.ndjson) for await (const _ of ndjsonPieces(options.in, true, op !== 'encrypt', lines));
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
   const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)), { apiReached: !options.resume }));
-  sameWork(final, op, key);
   if (final.status !== 'completed') {
     const reason = final.error ? `: ${final.error.code} ${final.error.message}` : '';
     throw new Error(`batch ${batchId} ended ${final.status}${reason}`);

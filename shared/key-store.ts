@@ -185,7 +185,8 @@ export class KeyStore {
     const names = await this.#redis.zrangebylex(index, after === undefined ? '-' : `(${after}`, '+', 'LIMIT', 0, limit + 1);
     const page = names.slice(0, limit);
     const read = await Promise.all(page.map((name) => this.#read(tenant, name)));
-    await Promise.all(page.map((name, i) => (read[i] === undefined ? this.#redis.kfKeyUnindex(this.#keys.key(tenant, name), index, name) : 0)));
+    const gone = page.filter((_name, i) => read[i] === undefined);
+    await Promise.all(gone.map((name) => this.#redis.kfKeyUnindex(this.#keys.key(tenant, name), index, name)));
     const keys = read.filter((info) => info !== undefined);
     return names.length > limit ? { keys, next: page.at(-1)! } : { keys };
   }
