@@ -1,4 +1,5 @@
 import type { ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { Redis } from 'ioredis';
 
@@ -14,8 +15,31 @@ function listenOnce(port: number): Promise<number> {
   });
 }
 
-/** A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench). */
-export const freePort = (): Promise<number> => listenOnce(0);
+/** The first port of the range the system hands out to outgoing connections and to listen(0). */
+function ephemeralLow(): number {
+  try {
+    const low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    return Number.isInteger(low) && low > 11_000 ? low : 32_768;
+  } catch {
+    return 32_768;
+  }
+}
+
+/**
+ * A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench).
+ * Picked at random below the ephemeral range: a port the system picked (listen(0)) may be handed
+ * to some process's outgoing connection before the server meant for it binds it (EADDRINUSE),
+ * while a port below the range is only ever taken by a server that asks for it by number.
+ */
+export async function freePort(): Promise<number> {
+  const low = 10_000;
+  const high = ephemeralLow();
+  for (let tries = 0; ; tries++) {
+    const port = low + Math.floor(Math.random() * (high - low));
+    if (await portIsFree(port)) return port;
+    if (tries === 50) return listenOnce(0);
+  }
+}
 
 /** Whether `port` on 127.0.0.1 was free a moment ago. */
 export const portIsFree = (port: number): Promise<boolean> => listenOnce(port).then(() => true, () => false);

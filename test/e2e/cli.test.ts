@@ -10,20 +10,19 @@ import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
 import { runCli } from '../helpers/cli.js';
 import { freePort, tcpProxy } from '../helpers/net.js';
-import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
+import { type ApiProcess, startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 // No key cache: a rotation done through the API shows in the worker's next chunk (by default within KEY_CACHE_TTL_MS).
 // The worker at its production scheduling (tests default to normal priority), checked below.
 const { env, admin } = testEnv({ CHUNK_ITEMS: '5000', KEY_CACHE_TTL_MS: '0', WORKER_SCHED: 'idle', WORKER_NICE: '19' });
-let api: RunningProcess;
+let api: ApiProcess;
 let worker: RunningProcess;
 let url: string;
 let dir: string;
 
 beforeAll(async () => {
-  const port = await freePort();
-  [api, worker] = await startApiAndWorker(env, port);
-  url = `http://127.0.0.1:${port}`;
+  [api, worker] = await startApiAndWorker(env);
+  url = api.url;
   dir = mkdtempSync(join(tmpdir(), 'keyfleet-cli-'));
 });
 afterAll(async () => {

@@ -7,22 +7,21 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetClient } from '../../client/index.js';
 import { testEnv } from '../helpers/env.js';
 import { runCli } from '../helpers/cli.js';
-import { freePort, tcpProxy, type ProxiedConnection } from '../helpers/net.js';
-import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
+import { tcpProxy, type ProxiedConnection } from '../helpers/net.js';
+import { type ApiProcess, startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 // What the client and the CLI must never do: work done twice, output lost without a word,
 // secrets printed, input lines dropped. Each against the real service.
 const { env, admin } = testEnv({ KEY_CACHE_TTL_MS: '0' });
-let api: RunningProcess;
+let api: ApiProcess;
 let worker: RunningProcess;
 let port: number;
 let url: string;
 let dir: string;
 
 beforeAll(async () => {
-  port = await freePort();
-  [api, worker] = await startApiAndWorker(env, port);
-  url = `http://127.0.0.1:${port}`;
+  [api, worker] = await startApiAndWorker(env);
+  ({ port, url } = api);
   dir = mkdtempSync(join(tmpdir(), 'keyfleet-client-'));
 });
 afterAll(async () => {

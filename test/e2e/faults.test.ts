@@ -6,7 +6,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApp } from '../../producer/app.js';
 import { Client } from '../helpers/client.js';
 import { configFrom, testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
 import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 import { startOwnRedis, type OwnRedis } from '../helpers/redis-server.js';
 
@@ -27,14 +26,13 @@ afterAll(async () => {
 
 async function stack(overrides: Record<string, string>) {
   const made = testEnv({ REDIS_URL: ownRedis.url, ...overrides });
-  const port = await freePort();
-  const api = await startApi(made.env, port);
+  const api = await startApi(made.env);
   running.push(api); // stopped in afterAll even if the worker fails to start
   const worker = await startWorker(made.env);
   running.push(worker);
-  const client = new Client(`http://127.0.0.1:${port}`, made.admin.token);
+  const client = new Client(api.url, made.admin.token);
   expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
-  return { ...made, api, worker, client, port };
+  return { ...made, api, worker, client, port: api.port };
 }
 
 async function statusOf(client: Client, id: string): Promise<any> {
@@ -120,10 +118,9 @@ describe('faults', { timeout: 300_000 }, () => {
       stop();
 
       // A new API; the worker processes what was stored, and the batch never completes.
-      const port = await freePort();
-      const api2 = await startApi(env, port);
+      const api2 = await startApi(env);
       running.push(api2);
-      const client2 = new Client(`http://127.0.0.1:${port}`, admin.token);
+      const client2 = new Client(api2.url, admin.token);
       const seen = new Set<string>();
       let status: any;
       for (let i = 0; i < 200; i++) {

@@ -4,8 +4,7 @@ import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
-import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
+import { type ApiProcess, startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // A seeded generator: a failure names its seed, and the same seed replays the same requests.
 const SEED = Number(process.env['KEYFLEET_FUZZ_SEED'] ?? 20261123);
@@ -18,7 +17,7 @@ const { env, admin, encryptOnly } = testEnv({
   MAX_ACTIVE_BATCHES: '1000',
   SYNC_RATE_LIMIT: '0',
 });
-let api: RunningProcess;
+let api: ApiProcess;
 let worker: RunningProcess;
 let client: Client;
 let port: number;
@@ -26,10 +25,10 @@ const ciphertexts: string[] = [];
 const plaintexts = Array.from({ length: 40 }, (_, i) => `FUZZ-PLAINTEXT-${i}-${'z'.repeat(i)}`);
 
 beforeAll(async () => {
-  port = await freePort();
-  api = await startApi(env, port);
+  api = await startApi(env);
+  port = api.port;
   worker = await startWorker(env);
-  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  client = new Client(api.url, admin.token);
   expect((await client.json('POST', '/v1/keys/serials')).status).toBe(201);
   const sealed = await client.json('POST', '/v1/encrypt/serials', { items: plaintexts });
   ciphertexts.push(...sealed.body.results.map((r: { ciphertext: string }) => r.ciphertext));

@@ -3,19 +3,17 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
-import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
+import { type ApiProcess, startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
 const { env, admin, encryptOnly } = testEnv({ CHUNK_ITEMS: '10000' });
-let api: RunningProcess;
+let api: ApiProcess;
 let worker: RunningProcess;
 let client: Client;
 const legacyKey = randomBytes(32);
 
 beforeAll(async () => {
-  const port = await freePort();
-  [api, worker] = await startApiAndWorker(env, port);
-  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  [api, worker] = await startApiAndWorker(env);
+  client = new Client(api.url, admin.token);
 });
 afterAll(async () => {
   await Promise.all([worker?.stop(), api?.stop()]);

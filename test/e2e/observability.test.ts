@@ -33,9 +33,9 @@ function sumSamples(text: string, name: string, labels: string[]): number {
 
 beforeAll(async () => {
   tmp = mkdtempSync(join(tmpdir(), 'keyfleet-observability-'));
-  const port = await freePort();
-  processes.push(await startApi(env, port));
-  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  const api = await startApi(env);
+  processes.push(api);
+  client = new Client(api.url, admin.token);
   for (let i = 0; i < 2; i++) {
     const worker = await startWorker(env);
     processes.push(worker);

@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
 import { startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 import { startCluster, type LocalCluster } from '../helpers/redis-cluster.js';
 
@@ -12,10 +11,10 @@ let client: Client;
 beforeAll(async () => {
   cluster = await startCluster();
   const { env, admin } = testEnv({ REDIS_URL: cluster.urls, REDIS_CLUSTER: 'true', KEYFLEET_PREFIX: '{keyfleet}', CHUNK_ITEMS: '2500' });
-  const port = await freePort();
-  processes.push(await startApi(env, port));
+  const api = await startApi(env);
+  processes.push(api);
   processes.push(await startWorker(env), await startWorker(env));
-  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  client = new Client(api.url, admin.token);
 });
 
 afterAll(async () => {

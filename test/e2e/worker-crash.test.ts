@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
 import { runEntry, startApi, startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // One thread, one chunk at a time, small chunks: the batch is long enough to be caught mid-way.
@@ -11,9 +10,9 @@ const processes: RunningProcess[] = [];
 let client: Client;
 
 beforeAll(async () => {
-  const port = await freePort();
-  processes.push(await startApi(env, port));
-  client = new Client(`http://127.0.0.1:${port}`, admin.token);
+  const api = await startApi(env);
+  processes.push(api);
+  client = new Client(api.url, admin.token);
   expect((await client.json('POST', '/v1/keys/fleet')).status).toBe(201);
 });
 

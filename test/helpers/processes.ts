@@ -98,14 +98,31 @@ export function startWorker(env: Record<string, string>): Promise<RunningProcess
   return started(runEntry('worker/main.js', { ...env, LOG_LEVEL: 'info' }), /"msg":"worker started"/);
 }
 
-/** Starts an API process on `port` and waits until it listens. */
-export function startApi(env: Record<string, string>, port: number): Promise<RunningProcess> {
-  return started(runEntry('producer/main.js', { ...env, LOG_LEVEL: 'info', HOST: '127.0.0.1', PORT: String(port) }), /Server listening/);
+/** An API process, and the address it listens on. */
+export interface ApiProcess extends RunningProcess {
+  readonly port: number;
+  /** `http://127.0.0.1:<port>` */
+  readonly url: string;
 }
 
-/** Starts an API on `port` and a worker side by side; if either fails, the other is stopped too. */
-export async function startApiAndWorker(env: Record<string, string>, port: number): Promise<[RunningProcess, RunningProcess]> {
-  const [api, worker] = await Promise.allSettled([startApi(env, port), startWorker(env)]);
+/**
+ * Starts an API process and waits until it listens. It listens on a port the system picks (PORT=0)
+ * and read back from its log, so no other process can take the port between a pick and the bind.
+ */
+export async function startApi(env: Record<string, string>): Promise<ApiProcess> {
+  const running = await started(runEntry('producer/main.js', { ...env, LOG_LEVEL: 'info', HOST: '127.0.0.1', PORT: '0' }), /Server listening/);
+  const listening = /Server listening at http:\/\/127\.0\.0\.1:(\d+)/.exec(await running.waitFor(/Server listening/));
+  if (!listening) {
+    await running.kill();
+    throw new Error(`producer/main.js: no port in its listening line; last lines:\n${running.lines.slice(-10).join('\n')}`);
+  }
+  const port = Number(listening[1]);
+  return Object.assign(running, { port, url: `http://127.0.0.1:${port}` });
+}
+
+/** Starts an API and a worker side by side; if either fails, the other is stopped too. */
+export async function startApiAndWorker(env: Record<string, string>): Promise<[ApiProcess, RunningProcess]> {
+  const [api, worker] = await Promise.allSettled([startApi(env), startWorker(env)]);
   if (api.status === 'fulfilled' && worker.status === 'fulfilled') return [api.value, worker.value];
   await Promise.all([api, worker].map((o) => (o.status === 'fulfilled' ? o.value.kill() : undefined)));
   throw api.status === 'rejected' ? api.reason : (worker as PromiseRejectedResult).reason;

@@ -5,7 +5,6 @@ import { KeyfleetClient } from '../../client/index.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { call, TestApis } from '../helpers/apps.js';
 import { testEnv } from '../helpers/env.js';
-import { freePort } from '../helpers/net.js';
 import { startApi, type RunningProcess } from '../helpers/processes.js';
 
 const { env, admin, encryptOnly, other } = testEnv();
@@ -17,10 +16,10 @@ let app: FastifyInstance;
 let apiProcess: RunningProcess | undefined;
 let apiUrl = '';
 const startApiProcess = async (): Promise<RunningProcess> => {
-  const port = await freePort();
-  apiProcess = await startApi(env, port);
-  apiUrl = `http://127.0.0.1:${port}`;
-  return apiProcess;
+  const started = await startApi(env);
+  apiProcess = started;
+  apiUrl = started.url;
+  return started;
 };
 beforeAll(async () => {
   app = await apis.start(env);
