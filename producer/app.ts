@@ -12,7 +12,7 @@ import { TokenVerifier } from '../shared/tokens.js';
 import { BodyBudget } from './body-budget.js';
 import { refuseCompressedBodies } from './body-coding.js';
 import { watchBodies } from './body-timeout.js';
-import { clientErrorHandler } from './client-errors.js';
+import { clientErrorHandler, refuseWithoutHost } from './client-errors.js';
 import { coalesceWrites } from './coalesced-writes.js';
 import { refuseOnClosingConnection } from './lingering-close.js';
 import { lazyRequestLoggers } from './request-logger.js';
@@ -111,6 +111,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     logController: new LogController({ disableRequestLogging: !config.logRequests }),
     bodyLimit: config.maxBodyBytes,
     clientErrorHandler,
+    http: { requireHostHeader: false },
     // Errors the router raises before any route runs (a malformed URL, an overlong path
     // parameter) get the same envelope as every other error.
     frameworkErrors,
@@ -147,6 +148,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     else if (isUtf8(body)) parseJson(request, body.toString('utf8'), done);
     else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
   });
+  app.addHook('onRequest', refuseWithoutHost);
   app.addHook('onRequest', refuseOnClosingConnection);
   coalesceWrites(app);
   app.addHook('preParsing', refuseCompressedBodies);

@@ -1,6 +1,7 @@
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
-import { CATALOGUE, type ErrorCode } from '../shared/errors.js';
+import type { onRequestHookHandler } from 'fastify';
+import { CATALOGUE, KeyfleetError, type ErrorCode } from '../shared/errors.js';
 
 /**
  * Requests so broken that Node's HTTP parser refuses them (malformed request line or framing,
@@ -18,3 +19,14 @@ export function clientErrorHandler(err: NodeJS.ErrnoException, socket: Socket): 
   }
   socket.destroy();
 }
+
+/**
+ * An HTTP/1.1 request must name its Host (RFC 9112 §3.2). Node checks that itself, but answers
+ * with a bare 400 and no body; the server is made without that check (`requireHostHeader:
+ * false`, app.ts) and this first hook answers such a request in the error envelope instead.
+ */
+export const refuseWithoutHost: onRequestHookHandler = (request, _reply, done) => {
+  const raw = request.raw;
+  if (raw.headers.host !== undefined || raw.httpVersionMajor !== 1 || raw.httpVersionMinor === 0) return done();
+  done(new KeyfleetError('KF_BAD_REQUEST', 'an HTTP/1.1 request needs a Host header'));
+};

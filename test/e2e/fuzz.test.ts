@@ -64,6 +64,7 @@ const RAW = [
   'GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n',
   'POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n',
   'NOT A REQUEST LINE\r\n\r\n',
+  'GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n',
   `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`,
   'GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n',
   'POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello',
