@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { serializerCompiler, validatorCompiler } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ConfigError, type Config } from '../shared/config.js';
+import { ConfigError, REQUIRED, type Config } from '../shared/config.js';
 import { KeyfleetError } from '../shared/errors.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
@@ -100,7 +100,7 @@ function refusesUnknownKeys(schema: unknown): boolean {
 /** Builds the API without listening. Everything it opens is closed by `app.close()`. */
 export async function buildApp({ config, logger }: AppOptions): Promise<FastifyInstance> {
   if (config.tokens.length === 0) {
-    throw new ConfigError('invalid configuration:\n  KEYFLEET_TOKENS: required by the API (tenant:token[:scope+scope], comma-separated)');
+    throw new ConfigError(`invalid configuration:\n  KEYFLEET_TOKENS: ${REQUIRED.KEYFLEET_TOKENS}`);
   }
   const verifier = new TokenVerifier(config.tokens);
   const kernel = resolveKernel(config.kernel); // fails fast when `native` was asked and is not built

@@ -11,7 +11,7 @@ import { buildApp } from './app.js';
 const SHUTDOWN_DEADLINE_MS = 25_000;
 
 /** The API server entry: listens on HOST:PORT and drains on SIGTERM/SIGINT; one that cannot start exits 1. */
-await startProcess('keyfleet-api', async (config, logger) => {
+await startProcess('keyfleet-api', ['KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY'], async (config, logger) => {
   const app = await buildApp({ config, logger });
   await app.listen({ host: config.host, port: config.port });
 

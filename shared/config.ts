@@ -280,7 +280,18 @@ const REFUSED_EMPTY = new Set(['REDIS_URL']);
  * expected. An empty variable counts as unset (`VAR=` in an env file, compose's `${VAR:-}`): its
  * default applies, rather than an empty string read as 0. Except REDIS_URL: refused when empty.
  */
-export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
+/** What a process cannot start without, each named as a start without it names it. */
+export const REQUIRED = {
+  KEYFLEET_TOKENS: 'required by the API (tenant:token[:scope+scope], comma-separated)',
+  KEYFLEET_MASTER_KEY: 'required (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)',
+} as const;
+export type RequiredSetting = keyof typeof REQUIRED;
+
+/**
+ * Reads and checks the environment. `required` names the settings the calling process cannot
+ * run without: one missing is reported with every other bad variable, not at the next start.
+ */
+export function loadConfig(given: NodeJS.ProcessEnv = process.env, required: readonly RequiredSetting[] = []): Config {
   const env = Object.fromEntries(Object.entries(given).filter(([name, value]) => value !== undefined && (value.trim() !== '' || REFUSED_EMPTY.has(name))));
   const parsed = envSchema.safeParse(env);
   const problems = parsed.success
@@ -302,6 +313,9 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
     if (env['KEYFLEET_TOKENS'] !== undefined) tokens = parseTokens(env['KEYFLEET_TOKENS']);
   } catch (err) {
     problems.push(`KEYFLEET_TOKENS: ${(err as Error).message}`);
+  }
+  for (const name of required) {
+    if (env[name] === undefined) problems.push(`${name}: ${REQUIRED[name]}`);
   }
   if (!parsed.success || problems.length) throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
   const e = parsed.data;
@@ -348,7 +362,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env): Config {
 /** The master key, or a clear failure for processes that cannot run without one. */
 export function requireMasterKey(config: Config): Buffer {
   if (!config.masterKey) {
-    throw new ConfigError('invalid configuration:\n  KEYFLEET_MASTER_KEY: required (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)');
+    throw new ConfigError(`invalid configuration:\n  KEYFLEET_MASTER_KEY: ${REQUIRED.KEYFLEET_MASTER_KEY}`);
   }
   return config.masterKey;
 }

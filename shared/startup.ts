@@ -1,5 +1,5 @@
 import { pino } from 'pino';
-import { loadConfig, type Config } from './config.js';
+import { loadConfig, type Config, type RequiredSetting } from './config.js';
 import { createLogger, loggerOptions, type Logger } from './logger.js';
 
 /** The level before the configuration is read (LOG_LEVEL's default). */
@@ -18,16 +18,16 @@ function exitNotStarted(name: string, level: string, err: unknown): never {
 }
 
 /**
- * Reads the configuration and runs `start`, the start-up of a process (the API, a worker). A
+ * Reads the configuration (`required`: the settings the process cannot run without) and runs `start`, the start-up of a process (the API, a worker). A
  * failure — a bad setting, a port taken, a kernel asked for and not built — is one fatal JSON
  * line on stdout like the process's every other line, which log collectors parse, instead of
  * Node's stack trace on stderr; then exit 1. Before the configuration is read it is logged at
  * LOG_LEVEL's default, after it at LOG_LEVEL (`silent` silences it too).
  */
-export async function startProcess(name: string, start: (config: Config, logger: Logger) => Promise<void>): Promise<void> {
+export async function startProcess(name: string, required: readonly RequiredSetting[], start: (config: Config, logger: Logger) => Promise<void>): Promise<void> {
   let level: string = UNCONFIGURED_LEVEL;
   try {
-    const config = loadConfig();
+    const config = loadConfig(process.env, required);
     level = config.logLevel;
     await start(config, createLogger({ level, name }));
   } catch (err) {

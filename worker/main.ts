@@ -8,7 +8,7 @@ import { startWorker } from './runner.js';
  * after WORKER_DRAIN_SECONDS, or at the same signal again, exit 1 without them. One that cannot
  * start exits 1.
  */
-await startProcess('keyfleet-worker', async (config, logger) => {
+await startProcess('keyfleet-worker', ['KEYFLEET_MASTER_KEY'], async (config, logger) => {
   // Before any thread starts, so that the crypto threads and libuv's pool inherit it.
   const lowered = lowerProcessPriority(config.workerPriority);
   const { nice, idle } = config.workerPriority;

@@ -135,12 +135,17 @@ describe('a process that cannot start', { timeout: 60_000 }, () => {
     }
   });
 
-  it('an API without a token list or a master key exits 1 at once, naming what is missing', async () => {
+  it('an API without a token list or a master key exits 1 at once, naming what is missing, all of it in one start', async () => {
     const port = String(await freePort());
     const { KEYFLEET_TOKENS: _tokens, ...noTokens } = env;
     expect((await failedStart('producer/main.js', { ...noTokens, PORT: port })).fatal.err.message).toContain('KEYFLEET_TOKENS: required by the API');
     const { KEYFLEET_MASTER_KEY: _key, ...noKey } = env;
     expect((await failedStart('producer/main.js', { ...noKey, PORT: port })).fatal.err.message).toContain('KEYFLEET_MASTER_KEY: required');
+    // Neither, and a bad setting besides: one start names all three.
+    const { KEYFLEET_TOKENS: _t, KEYFLEET_MASTER_KEY: _k, ...neither } = env;
+    const lines = (await failedStart('producer/main.js', { ...neither, PORT: port, LOG_LEVEL: 'info', WORKER_THREADS: '0' })).fatal.err.message.split('\n');
+    expect(lines[0]).toBe('invalid configuration:');
+    expect(lines.slice(1).map((l: string) => l.trim().split(':')[0]).sort()).toEqual(['KEYFLEET_MASTER_KEY', 'KEYFLEET_TOKENS', 'WORKER_THREADS']);
   });
 
   it('a worker without a master key exits 1 at once, naming it', async () => {
