@@ -114,13 +114,14 @@ await waitForOk(`${url}/readyz`, 'the API', api).catch(giveUp);
 // A child that exited meanwhile (a worker whose port is taken) is stopping everything: no banner.
 if (stopped) await stopped;
 
-const token = process.env['KEYFLEET_TOKENS'] ? '<a token from your KEYFLEET_TOKENS>' : dev().token;
+const ownTokens = Boolean(process.env['KEYFLEET_TOKENS']);
+const token = ownTokens ? '<a token from your KEYFLEET_TOKENS>' : dev().token;
 const auth = `-H "Authorization: Bearer ${token}"`;
 console.log(`
 keyfleet is running (API + 1 worker, Redis at ${redisUrl}, keys under ${prefix})
 
   URL:        ${url}
-  dev token:  ${token}   (tenant "dev", all scopes; kept in .keyfleet-dev/secrets.json)
+  ${ownTokens ? 'tokens:     yours, from KEYFLEET_TOKENS (use one with the keys and encrypt scopes below)' : `dev token:  ${token}   (tenant "dev", all scopes; kept in .keyfleet-dev/secrets.json)`}
 
 Try it:
   curl -s -X POST ${url}/v1/keys/serials ${auth}
