@@ -28,9 +28,10 @@ function clientOf(command: Command): KeyfleetClient {
   return new KeyfleetClient({ url, token, ...(timeout ? { timeoutMs: timeout * 1000 } : {}) });
 }
 
-const positiveInt = (value: string): number => {
+/** A whole-number option's value, `least` or more. */
+const wholeNumber = (least: number) => (value: string): number => {
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`expected a whole number ≥ 0, got ${JSON.stringify(value)}`);
+  if (!Number.isInteger(n) || n < least) throw new InvalidArgumentError(`expected a whole number ≥ ${least}, got ${JSON.stringify(value)}`);
   return n;
 };
 
@@ -82,7 +83,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       const started = Date.now();
       const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key) });
       const elapsedSeconds = (Date.now() - started) / 1000;
-      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} items ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} ${outcome.total === 1 ? 'item' : 'items'} ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
       process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
     });
 }
@@ -113,10 +114,9 @@ const batch = program.command('batch').description('list batches; status, cancel
 batch
   .command('list')
   .description('list the tenant’s batches, newest first, one JSON line of status each')
-  .option('--limit <n>', 'at most n batches', positiveInt)
+  .option('--limit <n>', 'at most n batches', wholeNumber(1))
   .action(async (opts: { limit?: number }, command: Command) => {
     let left = opts.limit ?? Infinity;
-    if (left === 0) return;
     for await (const status of clientOf(command).allBatches({ pageSize: Math.min(left, 1000) })) {
       if (!process.stdout.write(JSON.stringify(status) + '\n')) await once(process.stdout, 'drain');
       if (--left === 0) break;
@@ -128,7 +128,7 @@ batch
   .command('results <id>')
   .description('write a batch’s result lines (NDJSON, input order) to stdout or --out')
   .option('-o, --out <file>', 'write to a file instead of stdout')
-  .option('--from <n>', 'start at item n', positiveInt, 0)
+  .option('--from <n>', 'start at item n', wholeNumber(0), 0)
   .action(async (id: string, opts: { out?: string; from: number }, command: Command) => {
     const client = clientOf(command);
     const file = opts.out;
@@ -197,9 +197,10 @@ for (const name of ['KEYFLEET_URL', 'KEYFLEET_TOKEN', 'KEYFLEET_TIMEOUT']) if (p
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  if (err instanceof KeyfleetApiError) log(`keyfleet: ${err.message}`);
-  else if (err instanceof InvalidArgumentError) log(`keyfleet: ${err.message}`);
-  else log(`keyfleet: ${(err as Error).message}`);
+  // The client's own refusals name themselves for library users: here the line's prefix does.
+  log(`keyfleet: ${(err as Error).message.replace(/^keyfleet client: /, '')}`);
+  // The API names its query parameter; here it is an option.
+  if (err instanceof KeyfleetApiError && err.code === 'KF_CONTEXT_REQUIRED') log('keyfleet: pass --context <context> (and the same one to decrypt)');
   process.exitCode = EXIT.error;
 } finally {
   // An input still being read: the run ended before it (refused), with nothing left to write

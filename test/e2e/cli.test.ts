@@ -46,6 +46,27 @@ describe('the keyfleet CLI', () => {
     const missing = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: '' });
     expect(missing.code).toBe(1);
     expect(missing.stderr).toContain('KEYFLEET_URL');
+    // A listing of no batches is a mistake, not an empty answer: the API refuses limit=0 too.
+    const none = await keyfleet(['batch', 'list', '--limit', '0']);
+    expect([none.code, none.stdout]).toEqual([1, '']);
+    expect(none.stderr).toContain('expected a whole number ≥ 1, got "0"');
+    // The client's own refusals, once prefixed.
+    const credentials = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: url.replace('http://', 'http://user:pw@') });
+    expect(credentials.code).toBe(1);
+    expect(credentials.stderr).toMatch(/^keyfleet: the URL holds credentials/);
+    expect(credentials.stderr).not.toContain('pw');
+  });
+
+  it('names its --context option when a convergent key needs a context', async () => {
+    expect((await keyfleet(['keys', 'create', 'convergent-cli', '--convergent'])).code).toBe(0);
+    writeFileSync(path('conv.txt'), 'a\n');
+    const refused = await keyfleet(['encrypt', '--key', 'convergent-cli', '--in', 'conv.txt', '--out', 'conv.enc']);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('KF_CONTEXT_REQUIRED');
+    expect(refused.stderr).toContain('keyfleet: pass --context <context>');
+    const sealed = await keyfleet(['encrypt', '--key', 'convergent-cli', '--context', 'tenant-a', '--in', 'conv.txt', '--out', 'conv.enc']);
+    expect(sealed.code, sealed.stderr).toBe(0);
+    expect(sealed.stderr).toContain('1 of 1 item encrypted');
   });
 
   it('gives a --help example for decrypt that reads what the encrypt example wrote, into another file', async () => {
