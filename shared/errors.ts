@@ -11,7 +11,7 @@ export const CATALOGUE = {
   KF_INVALID_JSON: { status: 400, message: 'the body is not valid JSON' },
   KF_BAD_REQUEST: { status: 400, message: 'the request is malformed' },
   KF_PAYLOAD_TOO_LARGE: { status: 413, message: 'the body is larger than the configured limit' },
-  KF_UNSUPPORTED_MEDIA_TYPE: { status: 415, message: 'expected application/json or application/x-ndjson' },
+  KF_UNSUPPORTED_MEDIA_TYPE: { status: 415, message: 'expected application/json' },
   KF_SYNC_LIMIT: { status: 400, message: 'too many items for a synchronous request' },
   KF_KEY_NOT_FOUND: { status: 404, message: 'no such key' },
   KF_KEY_EXISTS: { status: 409, message: 'a key of that name exists with another type' },
@@ -52,6 +52,9 @@ export const CATALOGUE = {
   KF_ITEM_TOO_LARGE: { status: 400, message: 'the item is larger than the configured limit' },
   KF_NOT_UTF8: { status: 400, message: 'the plaintext is not valid UTF-8; request encoding "base64"' },
 } as const satisfies Record<string, { status: number; message: string; retryAfterSeconds?: number }>;
+
+/** KF_UNSUPPORTED_MEDIA_TYPE's message on the upload route, which takes NDJSON besides. */
+export const UPLOAD_MEDIA_TYPES = 'expected application/json or application/x-ndjson';
 
 export type ErrorCode = keyof typeof CATALOGUE;
 

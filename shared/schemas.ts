@@ -2,6 +2,17 @@ import { z } from 'zod';
 import { KEY_NAME } from './crypto/format.js';
 import { CREATABLE_KEY_TYPES, KEY_TYPES } from './crypto/key-ring.js';
 
+// A field or parameter left out is "required" (of an enum: with its values), where zod's default
+// reads "Invalid input: expected string, received undefined". Schemas' own messages come first.
+z.config({
+  customError: (issue) => {
+    if (issue.input !== undefined) return undefined;
+    if (issue.code === 'invalid_type') return 'required';
+    if (issue.code === 'invalid_value') return `required: one of ${issue.values.map((v) => JSON.stringify(v)).join(', ')}`;
+    return undefined;
+  },
+});
+
 export const BATCH_OPS = ['encrypt', 'decrypt', 'rewrap'] as const;
 export type BatchOp = (typeof BATCH_OPS)[number];
 export const BATCH_STATUSES = ['queued', 'running', 'completed', 'failed', 'cancelled'] as const;
@@ -200,7 +211,7 @@ export type BatchStatusBody = z.infer<typeof batchStatus>;
 /** Batches listed a page at a time, newest first. */
 export const listBatchesQuery = z.object({
   /** Batches made before this point: the `next` of the page before. */
-  before: z.string().regex(/^\d{1,16}$/, 'expected the next of a page before').transform(Number).optional(),
+  before: z.string().regex(/^\d{1,16}$/, 'expected the `next` a page before this one gave (digits)').transform(Number).optional(),
   /** Batches in the page, 1 to 1,000. */
   limit: pageSize,
 }).strict();

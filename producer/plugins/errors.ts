@@ -1,7 +1,7 @@
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
-import { KeyfleetError, type ErrorCode } from '../../shared/errors.js';
+import { KeyfleetError, UPLOAD_MEDIA_TYPES, type ErrorCode } from '../../shared/errors.js';
 import type { ConnectionErrorLog } from '../../shared/redis.js';
 import { closeAfterAnswer } from '../lingering-close.js';
 import type { RouteMethods } from '../route-methods.js';
@@ -57,6 +57,8 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, 
         .map((v) => `${[where, ...v.instancePath.split('/').filter(Boolean)].join('.')}: ${v.message}`)
         .join('; ');
       error = new KeyfleetError('KF_VALIDATION', detail);
+    } else if (err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE' && request.method === 'POST' && request.routeOptions.url === '/v1/batches') {
+      error = new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE', UPLOAD_MEDIA_TYPES);
     } else if (err.code && FASTIFY_CODES[err.code]) {
       error = new KeyfleetError(FASTIFY_CODES[err.code]!);
     } else if (err instanceof SyntaxError || err.code === 'FST_ERR_CTP_INVALID_JSON_BODY') {

@@ -190,7 +190,18 @@ describe('limits', () => {
     expect((await call(app, admin, 'GET', '/v1/keys/serials')).statusCode).toBe(200);
     const plain = await call(app, admin, 'POST', '/v1/encrypt/serials', 'LIC-1', { 'content-type': 'text/plain' });
     expect(plain.statusCode).toBe(415);
-    expect(plain.json().error.code).toBe('KF_UNSUPPORTED_MEDIA_TYPE');
+    expect(plain.json().error).toEqual({ code: 'KF_UNSUPPORTED_MEDIA_TYPE', message: 'expected application/json' });
+    // NDJSON is for uploads; the upload's refusal names both types it takes.
+    const lines = await call(app, admin, 'POST', '/v1/encrypt/serials', ndjson(['a']), { 'content-type': 'application/x-ndjson' });
+    expect([lines.statusCode, lines.json().error.message]).toEqual([415, 'expected application/json']);
+    const upload = await call(app, admin, 'POST', '/v1/batches?op=encrypt&key=serials', 'a', { 'content-type': 'text/plain' });
+    expect(upload.json().error).toEqual({ code: 'KF_UNSUPPORTED_MEDIA_TYPE', message: 'expected application/json or application/x-ndjson' });
+    // A parameter left out is named as required; an enum's, with its values.
+    const noOp = await call(app, admin, 'POST', '/v1/batches?key=serials', ndjson(['a']), { 'content-type': 'application/x-ndjson' });
+    expect(noOp.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring.op: required: one of "encrypt", "decrypt", "rewrap"' });
+    const noKey = await call(app, admin, 'POST', '/v1/batches?op=encrypt', ndjson(['a']), { 'content-type': 'application/x-ndjson' });
+    expect(noKey.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring.key: required' });
+    expect((await call(app, admin, 'POST', '/v1/encrypt/serials', {})).json().error).toEqual({ code: 'KF_VALIDATION', message: 'body.items: required' });
     // A field at the top of the body is named without a stray dot.
     const field = await call(app, admin, 'POST', '/v1/encrypt/serials', { items: ['a'], typo: 1 });
     expect(field.statusCode).toBe(400);
