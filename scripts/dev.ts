@@ -30,6 +30,14 @@ function devSecrets(): DevSecrets {
 
 const children: ChildProcess[] = [];
 
+/** A Redis URL to print: its password (and user) left out, for the terminal and its scrollback. */
+function shownUrl(url: string): string {
+  return url
+    .split(',')
+    .map((one) => one.replace(/^(\w+:\/\/)[^@/]*@/, '$1'))
+    .join(',');
+}
+
 async function startRedis(): Promise<string> {
   const port = await freePort();
   const dir = join(devDir, 'redis');
@@ -88,6 +96,9 @@ let secrets: DevSecrets | undefined;
 const dev = (): DevSecrets => (secrets ??= devSecrets());
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 if (!(await redisAnswers(redisUrl))) {
+  // A Redis named on purpose is not swapped for a throwaway one: a mistyped URL would otherwise
+  // run on data that goes nowhere the user meant.
+  if (process.env['REDIS_URL'] !== undefined) await giveUp(new Error(`no Redis answers at REDIS_URL (${shownUrl(redisUrl)}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own`));
   console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
   redisUrl = await startRedis().catch(giveUp);
 }

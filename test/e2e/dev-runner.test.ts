@@ -56,6 +56,19 @@ describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
     for (const line of fatal) expect(line.err.message).toContain('PORT: Too big: expected number to be <=65535 (got "70000")');
   });
 
+  it('refuses a REDIS_URL that does not answer rather than starting a Redis of its own, without printing its password', async () => {
+    const closed = await new Promise<number>((done) => {
+      const probe = createServer().listen(0, '127.0.0.1', () => {
+        const { port } = probe.address() as { port: number };
+        probe.close(() => done(port));
+      });
+    });
+    const run = await runDev({ REDIS_URL: `redis://:hunter2@127.0.0.1:${closed}`, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '0', WORKER_METRICS_PORT: '0' });
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stdout).toBe('');
+    expect(run.stderr).toBe(`keyfleet: no Redis answers at REDIS_URL (redis://127.0.0.1:${closed}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own; stopping\n`);
+  });
+
   it('refuses a REDIS_URL that is set but empty, as the API and the worker do, before starting anything', async () => {
     const run = await runDev({ REDIS_URL: '', KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '0', WORKER_METRICS_PORT: '0' });
 
