@@ -25,6 +25,8 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
   let ended = false;
   let busy = false;
   let again = false;
+  /** The last event written: a poll or a message that finds the batch as it was sends nothing. */
+  let last = '';
   const timers: NodeJS.Timeout[] = [];
   let unsubscribe = (): void => {};
 
@@ -55,7 +57,9 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
         }
         const status = publicStatus(record);
         const terminal = TERMINAL_STATUSES.has(status.status);
-        res.write(`event: ${terminal ? 'done' : 'progress'}\ndata: ${JSON.stringify(status)}\n\n`);
+        const event = `event: ${terminal ? 'done' : 'progress'}\ndata: ${JSON.stringify(status)}\n\n`;
+        if (event !== last) res.write(event);
+        last = event;
         if (terminal) return end();
       } while (again);
     } catch (err) {

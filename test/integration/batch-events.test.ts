@@ -119,6 +119,10 @@ describe('batch events (Redis pub/sub behind the SSE streams)', () => {
       const open = await fetch(`${client.base}/v1/batches/${stuck.body.batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` }, signal: AbortSignal.timeout(40_000) });
       const reader = open.body!.getReader();
       expect(new TextDecoder().decode((await reader.read()).value)).toMatch(/^event: progress\n/);
+      // Two polls find the batch as it was: neither sends the same event again.
+      const next = reader.read();
+      const quiet = await Promise.race([next.then(({ value }) => new TextDecoder().decode(value)), new Promise((resolve) => setTimeout(resolve, 4_500, 'nothing'))]);
+      expect(quiet).toBe('nothing');
       const closed = app.close().then(() => 'closed');
       const late = new Promise((resolve) => setTimeout(resolve, 10_000, 'still open after 10 s'));
       expect(await Promise.race([closed, late])).toBe('closed');
