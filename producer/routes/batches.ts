@@ -2,10 +2,11 @@ import type { Hash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
-import { KeyfleetError } from '../../shared/errors.js';
+import { KeyfleetError, UPLOAD_MEDIA_TYPES } from '../../shared/errors.js';
 import { Handover } from '../../shared/handover.js';
 import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchList, batchParams, batchStatus, createBatchQuery, errorResponse, listBatchesQuery, resultsQuery } from '../../shared/schemas.js';
@@ -14,10 +15,42 @@ import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
 import { hasScope, principalOf, requireRewrapSource, requireScope } from '../plugins/auth.js';
+import { errorAnswers } from '../plugins/docs.js';
 import { reclaiming } from '../reclaim.js';
 import { streamBatchEvents } from '../sse.js';
 
 const NDJSON = 'application/x-ndjson';
+
+// For the document only (RouteDocs): the upload reads its own body, and /results and /events
+// stream theirs, so none has a schema fastify would validate or serialize by.
+const uploadItem = 'An item: a JSON string (a plaintext for op=encrypt, base64 with encoding=base64; a ciphertext for decrypt and rewrap). Anything else (null, a number, an object, text with a lone surrogate, bytes that are not UTF-8) fails alone, in its place, as KF_INVALID_ITEM; one longer than MAX_ITEM_BYTES as KF_ITEM_TOO_LARGE.';
+const uploadBody = {
+  [NDJSON]: z.string().meta({ format: 'binary', description: `One item per line (blank lines are none). ${uploadItem}`, example: '"LIC-0000001"\n"LIC-0000002"\n' }),
+  'application/json': z.object({ items: z.array(z.string().meta({ description: uploadItem })).min(1) }),
+};
+const resultsAnswer = {
+  description: 'The results, one line per item in input order from `from`',
+  content: {
+    [NDJSON]: {
+      schema: z.string().meta({
+        format: 'binary',
+        description: 'NDJSON: {"i": <index>, "ciphertext": "…"} (or "plaintext") per item, or {"i", "error": {"code", "message"}} for one that failed',
+        example: '{"i":0,"ciphertext":"kf:v2:…"}\n{"i":1,"error":{"code":"KF_INVALID_ITEM","message":"…"}}\n',
+      }),
+    },
+  },
+};
+const batchEvents = {
+  description: 'The batch’s progress as Server-Sent Events',
+  content: {
+    'text/event-stream': {
+      schema: z.string().meta({
+        description: '`progress` events whose data is the status (as GET /v1/batches/{id}), now and after every change, then one `done` event with the final status (`{"id", "status": "deleted"}` for a batch gone meanwhile), and the stream ends. Comment lines keep it alive.',
+        example: 'event: progress\ndata: {"id":"…","status":"running",…}\n\nevent: done\ndata: {"id":"…","status":"completed",…}\n\n',
+      }),
+    },
+  },
+};
 
 /** The async path: bulk uploads become batches; status, progress, results and cancellation. */
 export async function batchRoutes(app: FastifyInstance): Promise<void> {
@@ -35,12 +68,12 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     app.addContentTypeParser(type, (_request, payload, done) => done(null, payload));
   }
 
-  const uploadSchema = { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse } };
+  const uploadSchema = { tags, summary: 'Upload items as NDJSON (one JSON string per line) or {"items": [...]}; streamed into a batch', querystring: createBatchQuery, response: { 202: batchAccepted, '4xx': errorResponse }, docs: { idempotent: true, body: uploadBody, responses: errorAnswers('KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL') } };
   const upload = async (request: SchemaRequest<typeof uploadSchema>, reply: FastifyReply): Promise<unknown> => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
     if (op === 'rewrap') requireRewrapSource(request, (await app.services.keyCache.get(tenant, key)).type);
-    if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE');
+    if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE', UPLOAD_MEDIA_TYPES);
     const body = reclaiming(idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds));
     // Media types are case-insensitive (RFC 9110), as fastify matches the parsers above.
     const ndjson = (request.headers['content-type'] ?? '').toLowerCase().startsWith(NDJSON);
@@ -93,7 +126,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return publicStatus(await readableBatch(app, request, request.params.id));
   });
 
-  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery } }, async (request, reply) => {
+  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery, docs: { responses: { 200: resultsAnswer, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND', 'KF_BATCH_NOT_READY', 'KF_BATCH_FAILED', 'KF_BATCH_DELETED') } } } }, async (request, reply) => {
     const batch = await readableBatch(app, request, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     // A failed batch never completes: a caller waiting on KF_BATCH_NOT_READY would wait for ever.
@@ -114,7 +147,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return reply.send(Readable.from(start ? reclaiming(resultChunks(batches, batch, layout, start, new Handover(results!), formatter)) : [], { objectMode: false }));
   });
 
-  r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams } }, async (request, reply) => {
+  r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams, docs: { responses: { 200: batchEvents, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND') } } } }, async (request, reply) => {
     const batch = await readableBatch(app, request, request.params.id);
     await streamBatchEvents(app, request, reply, batch.id);
   });

@@ -1,11 +1,13 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
-import { batchAccepted, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
+import { batchAccepted, context as contextSchema, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer, type SchemaRequest } from '../idempotency.js';
 import { principalOf, requireRewrapSource } from '../plugins/auth.js';
+import { errorAnswers } from '../plugins/docs.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
 
@@ -25,6 +27,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
       params: cryptoParams,
       body: cryptoBody,
       response: { 200: cryptoResponse, 202: batchAccepted, '4xx': errorResponse },
+      docs: { idempotent: true, body: documentedBody(op), responses: errorAnswers('KF_RATE_LIMITED', 'KF_TOO_MANY_BATCHES', 'KF_BACKLOG_FULL') },
     };
     const answer = async (request: SchemaRequest<typeof schema>, reply: FastifyReply): Promise<string | Buffer> => {
       const { tenant } = principalOf(request);
@@ -89,6 +92,21 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
     // fastify's callback style (the handler returns nothing): see sendWhenDone.
     r.post(`/v1/${op}/:key`, { config: { scope: op, rateLimit: SYNC_RATE_LIMIT }, schema }, (request, reply) => sendWhenDone(reply, answer(request, reply)));
   }
+}
+
+/**
+ * The body as each operation reads it, for the document only: the validating schema takes any
+ * element of `items`, so that one the operation cannot read fails alone (KF_INVALID_ITEM), not
+ * the request, and takes keyVersion and targetKey on every route, to refuse them with a reason.
+ */
+function documentedBody(op: BatchOp): z.ZodType {
+  const field = op === 'encrypt' ? 'plaintext' : 'ciphertext';
+  const item = z.object({ [field]: z.string(), context: contextSchema.optional() }).strict();
+  const description =
+    `A ${field} as a string, or an item object {"${field}", "context"} with a context of its own. Anything else (null, a number, ` +
+    `{"${op === 'encrypt' ? 'ciphertext' : 'plaintext'}"}, an object with another field, text with a lone surrogate) fails alone, in its place, as KF_INVALID_ITEM.`;
+  const body = cryptoBody.extend({ items: z.array(z.union([z.string(), item]).meta({ description })) });
+  return op === 'encrypt' ? body.omit({ targetKey: true }) : op === 'rewrap' ? body.omit({ keyVersion: true }) : body.omit({ targetKey: true, keyVersion: true });
 }
 
 /**

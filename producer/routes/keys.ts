@@ -13,7 +13,7 @@ export async function keyRoutes(app: FastifyInstance): Promise<void> {
   const tags = ['keys'];
   const answers = { 200: keyInfo, '4xx': errorResponse };
 
-  r.post('/v1/keys/:name', { config, schema: { tags, summary: 'Create a key (201), or find it with the same type (200)', params: newKeyParams, body: createKeyBody.nullish(), response: { ...answers, 201: keyInfo } } }, (request, reply) => {
+  r.post('/v1/keys/:name', { config, schema: { tags, summary: 'Create a key (201), or find it with the same type (200)', params: newKeyParams, body: createKeyBody.nullish(), response: { ...answers, 201: keyInfo }, docs: { idempotent: true } } }, (request, reply) => {
     const { tenant } = principalOf(request);
     const options = { type: request.body?.type ?? 'aes256-gcm96', convergent: request.body?.convergent ?? false };
     // With an Idempotency-Key, a retry after a lost 201 gets that 201 again, not the 200 of a

@@ -196,6 +196,8 @@ describe('limits', () => {
     expect([lines.statusCode, lines.json().error.message]).toEqual([415, 'expected application/json']);
     const upload = await call(app, admin, 'POST', '/v1/batches?op=encrypt&key=serials', 'a', { 'content-type': 'text/plain' });
     expect(upload.json().error).toEqual({ code: 'KF_UNSUPPORTED_MEDIA_TYPE', message: 'expected application/json or application/x-ndjson' });
+    const untyped = await call(app, admin, 'POST', '/v1/batches?op=encrypt&key=serials');
+    expect([untyped.statusCode, untyped.json().error.message]).toEqual([415, 'expected application/json or application/x-ndjson']);
     // A parameter left out is named as required; an enum's, with its values.
     const noOp = await call(app, admin, 'POST', '/v1/batches?key=serials', ndjson(['a']), { 'content-type': 'application/x-ndjson' });
     expect(noOp.json().error).toEqual({ code: 'KF_VALIDATION', message: 'querystring.op: required: one of "encrypt", "decrypt", "rewrap"' });
