@@ -394,8 +394,8 @@ class StoredChunkStarts implements ChunkLayout {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, deleted: _d, ...body } = record;
-  return body;
+  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, deleted, ...body } = record;
+  return deleted ? { ...body, resultsDeleted: true } : body;
 }
 
 /** A GET whose reply, a Buffer or null, comes in a Handover (ioredis resolves the command's promise with it). */

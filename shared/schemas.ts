@@ -203,6 +203,8 @@ export const batchStatus = z.object({
   createdAt: z.string(),
   finishedAt: z.string().optional(),
   error: errorBody.optional(),
+  /** Present once DELETE removed the batch's results; `status` stays what the batch had reached. */
+  resultsDeleted: z.literal(true).optional(),
 });
 export type BatchStatusBody = z.infer<typeof batchStatus>;
 /** Batches listed a page at a time, newest first. */

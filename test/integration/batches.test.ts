@@ -199,9 +199,11 @@ describe('batches', () => {
     const cancelledBefore = await cancelledCount();
     const submitted = await client.uploadNdjson('encrypt', 'serials', ['to-delete-1', 'to-delete-2']);
     await client.waitForBatch(submitted.body.batchId);
+    expect((await client.json('GET', `/v1/batches/${submitted.body.batchId}`)).body).not.toHaveProperty('resultsDeleted');
     const deleted = await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`);
     expect(deleted.status).toBe(200);
-    expect(deleted.body.status).toBe('completed');
+    expect(deleted.body).toMatchObject({ status: 'completed', resultsDeleted: true });
+    expect((await client.json('GET', `/v1/batches/${submitted.body.batchId}`)).body).toMatchObject({ status: 'completed', resultsDeleted: true });
     expect((await client.json('DELETE', `/v1/batches/${submitted.body.batchId}`)).status).toBe(200);
     // Deleting a completed batch is not a cancellation, however often it is asked.
     expect(await cancelledCount()).toBe(cancelledBefore);
