@@ -136,6 +136,11 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     if (batch.status !== 'completed') {
       throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
     }
+    // `from` equal to the total reads nothing (a download that had every line); past it, the
+    // caller has lines this batch never had (another batch's file, say): an empty 200 would hide that.
+    if (request.query.from > batch.total) {
+      throw new KeyfleetError('KF_VALIDATION', `querystring.from: ${request.query.from} is past the batch's end (it holds ${batch.total} items; from=${batch.total} reads none)`);
+    }
     // The first chunk is read before the answer starts, so that a batch deleted since the check
     // above is still a 410; one deleted later cuts the download short.
     const layout = await batches.chunkLayout(batch);

@@ -61,6 +61,9 @@ describe('batches', () => {
     const results = await client.results(queuedByEarlierApi);
     expect(results.map((l) => l.i)).toEqual(earlierItems.map((_, i) => i));
     expect((await client.results(queuedByEarlierApi, 6998)).map((l) => l.i)).toEqual([6998, 6999, 7000, 7001, 7002, 7003, 7004]);
+    expect(await client.results(queuedByEarlierApi, 7005)).toEqual([]);
+    const past = await client.json('GET', `/v1/batches/${queuedByEarlierApi}/results?from=7006`);
+    expect([past.status, past.body.error]).toEqual([400, { code: 'KF_VALIDATION', message: "querystring.from: 7006 is past the batch's end (it holds 7005 items; from=7005 reads none)" }]);
     const back = await client.uploadNdjson('decrypt', 'serials', results.map((l) => l.ciphertext!));
     await client.waitForBatch(back.body.batchId);
     expect((await client.results(back.body.batchId)).map((l) => l.plaintext)).toEqual(earlierItems);
