@@ -29,6 +29,19 @@ import { keyRoutes } from './routes/keys.js';
 import { RouteMethods } from './route-methods.js';
 import { createApiServices, type ApiServices } from './services.js';
 
+// A field or parameter left out reads "required" (of an enum: with its values), where zod's
+// default reads "Invalid input: expected string, received undefined"; schemas' own messages
+// come first. Set here, in the API, not in shared/schemas.ts: zod's configuration is global to
+// the process, and the client library, which imports the schemas, must not change an app's.
+z.config({
+  customError: (issue) => {
+    if (issue.input !== undefined) return undefined;
+    if (issue.code === 'invalid_type') return 'required';
+    if (issue.code === 'invalid_value') return `required: one of ${issue.values.map((v) => JSON.stringify(v)).join(', ')}`;
+    return undefined;
+  },
+});
+
 declare module 'fastify' {
   interface FastifyInstance {
     services: ApiServices;
@@ -148,8 +161,8 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
     else if (isUtf8(body)) parseJson(request, body.toString('utf8'), done);
     else done(new KeyfleetError('KF_INVALID_JSON', 'the body is not valid UTF-8, as JSON text must be'), undefined);
   });
-  app.addHook('onRequest', refuseWithoutHost);
   app.addHook('onRequest', refuseOnClosingConnection);
+  app.addHook('onRequest', refuseWithoutHost);
   coalesceWrites(app);
   app.addHook('preParsing', refuseCompressedBodies);
   app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes)));

@@ -23,7 +23,7 @@ export function clientErrorHandler(err: NodeJS.ErrnoException, socket: Socket): 
 /**
  * An HTTP/1.1 request must name its Host (RFC 9112 §3.2). Node checks that itself, but answers
  * with a bare 400 and no body; the server is made without that check (`requireHostHeader:
- * false`, app.ts) and this first hook answers such a request in the error envelope instead.
+ * false`, app.ts) and an onRequest hook answers such a request in the error envelope instead.
  */
 export const refuseWithoutHost: onRequestHookHandler = (request, _reply, done) => {
   const raw = request.raw;

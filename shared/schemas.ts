@@ -2,17 +2,6 @@ import { z } from 'zod';
 import { KEY_NAME } from './crypto/format.js';
 import { CREATABLE_KEY_TYPES, KEY_TYPES } from './crypto/key-ring.js';
 
-// A field or parameter left out is "required" (of an enum: with its values), where zod's default
-// reads "Invalid input: expected string, received undefined". Schemas' own messages come first.
-z.config({
-  customError: (issue) => {
-    if (issue.input !== undefined) return undefined;
-    if (issue.code === 'invalid_type') return 'required';
-    if (issue.code === 'invalid_value') return `required: one of ${issue.values.map((v) => JSON.stringify(v)).join(', ')}`;
-    return undefined;
-  },
-});
-
 export const BATCH_OPS = ['encrypt', 'decrypt', 'rewrap'] as const;
 export type BatchOp = (typeof BATCH_OPS)[number];
 export const BATCH_STATUSES = ['queued', 'running', 'completed', 'failed', 'cancelled'] as const;

@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http';
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
@@ -34,6 +35,14 @@ export interface ErrorsOptions {
    */
   readonly connectionErrors: ConnectionErrorLog;
 }
+
+/**
+ * Whether a request has a body (RFC 9112 §6.3: only one framed by Transfer-Encoding or a
+ * Content-Length). One without is not complete yet while a hook that answers at once runs, in
+ * the same turn as its headers; closing its connection would drop a request pipelined behind it.
+ */
+const hasBody = (headers: IncomingHttpHeaders): boolean =>
+  headers['transfer-encoding'] !== undefined || (headers['content-length'] !== undefined && headers['content-length'] !== '0');
 
 /** Turns every error into `{"error": {"code", "message"}}` with a catalogue status; 5xx never carry detail. */
 export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, routeMethods }: ErrorsOptions) => {
@@ -80,7 +89,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, 
     // quiet or over the limit): nobody reads the rest, so the connection closes after the answer,
     // in stages, so that a client still sending reads the answer before the close.
     // Kept open, it stayed with the unread bytes in its buffers, and held up the API's shutdown.
-    if (!request.raw.complete) {
+    if (!request.raw.complete && hasBody(request.raw.headers)) {
       reply.header('connection', 'close');
       closeAfterAnswer(request.raw);
     }

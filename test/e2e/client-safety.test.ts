@@ -2,7 +2,8 @@ import { createServer } from 'node:http';
 import { connect, createServer as createTcpServer, type Socket } from 'node:net';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetClient } from '../../client/index.js';
 import { testEnv } from '../helpers/env.js';
@@ -219,6 +220,14 @@ describe('the client and the CLI', () => {
     for (const bad of [() => new KeyfleetClient({ url, token: 'SECRET123 x' }), () => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })]) {
       expect(() => bad()).not.toThrow(/SECRET123|s3cr3t/);
     }
+  });
+
+  it('leaves an app’s own zod messages as they were when it imports the client (the API’s wording is set in the API alone)', () => {
+    const script = `import('${resolve(import.meta.dirname, '..', '..', 'dist', 'client', 'index.js')}').then(async () => {
+      const { z } = await import('zod');
+      console.log(z.object({ name: z.string() }).safeParse({}).error.issues[0].message);
+    })`;
+    expect(execFileSync(process.execPath, ['-e', script], { cwd: resolve(import.meta.dirname, '..', '..'), encoding: 'utf8' }).trim()).toBe('Invalid input: expected string, received undefined');
   });
 
   it('sends every NDJSON line the API does not take as blank, so failures keep their line numbers', async () => {

@@ -238,6 +238,20 @@ describe('hostile input', () => {
     for (const secret of [admin.token, encryptOnly.token, ...plaintexts]) expect(logs.includes(secret)).toBe(false);
   });
 
+  it('answers a request without Host 400 and still runs the request pipelined behind it', async () => {
+    const answers = await new Promise<string>((resolve, reject) => {
+      const socket = connect(port, '127.0.0.1');
+      let text = '';
+      const timer = setTimeout(() => (socket.destroy(), reject(new Error(`no end; got ${JSON.stringify(text)}`))), 10_000);
+      socket.on('data', (d) => (text += d.toString('latin1')));
+      socket.on('error', () => {});
+      socket.on('close', () => (clearTimeout(timer), resolve(text)));
+      socket.end('GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n');
+    });
+    expect(answers.match(/HTTP\/1\.1 \d{3}/g)).toEqual(['HTTP/1.1 400', 'HTTP/1.1 200']);
+    expect(answers).toContain('{"error":{"code":"KF_BAD_REQUEST","message":"an HTTP/1.1 request needs a Host header"}}');
+  });
+
   it('then drains and exits 0 at SIGTERM: no upload refused before the end of its body keeps its connection', async () => {
     // 3 MB refused at its first bytes ("items" a string, not an array): most of it is never read.
     const refused = await new Promise<number>((resolve, reject) => {
