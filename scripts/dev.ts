@@ -9,6 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
+import { shownRedisUrl } from '../shared/config.js';
 import { freePort, portInUse, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -30,13 +31,6 @@ function devSecrets(): DevSecrets {
 
 const children: ChildProcess[] = [];
 
-/** A Redis URL to print: its password (and user) left out, for the terminal and its scrollback. */
-function shownUrl(url: string): string {
-  return url
-    .split(',')
-    .map((one) => one.replace(/^(\w+:\/\/)[^@/]*@/, '$1'))
-    .join(',');
-}
 
 async function startRedis(): Promise<string> {
   const port = await freePort();
@@ -95,11 +89,12 @@ if (process.env['REDIS_URL']?.trim() === '') await giveUp(new Error('REDIS_URL i
 let secrets: DevSecrets | undefined;
 const dev = (): DevSecrets => (secrets ??= devSecrets());
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
-if (!(await redisAnswers(redisUrl))) {
+// A cluster's seed list (REDIS_CLUSTER=true) is probed at its first node.
+if (!(await redisAnswers(redisUrl.split(/,\s*/)[0]!))) {
   // A Redis named on purpose is not swapped for a throwaway one: a mistyped URL would otherwise
   // run on data that goes nowhere the user meant.
-  if (process.env['REDIS_URL'] !== undefined) await giveUp(new Error(`no Redis answers at REDIS_URL (${shownUrl(redisUrl)}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own`));
-  console.log(`No Redis answers at ${redisUrl}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
+  if (process.env['REDIS_URL'] !== undefined) await giveUp(new Error(`no Redis answers at REDIS_URL (${shownRedisUrl(redisUrl)}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own`));
+  console.log(`No Redis answers at ${shownRedisUrl(redisUrl)}; starting redis-server for this session (data in .keyfleet-dev/redis).`);
   redisUrl = await startRedis().catch(giveUp);
 }
 // Dev data gets its own prefix per dev master key, so checkouts sharing a local Redis (or a
@@ -129,7 +124,7 @@ const ownTokens = Boolean(process.env['KEYFLEET_TOKENS']);
 const token = ownTokens ? '<a token from your KEYFLEET_TOKENS>' : dev().token;
 const auth = `-H "Authorization: Bearer ${token}"`;
 console.log(`
-keyfleet is running (API + 1 worker, Redis at ${redisUrl}, keys under ${prefix})
+keyfleet is running (API + 1 worker, Redis at ${shownRedisUrl(redisUrl)}, keys under ${prefix})
 
   URL:        ${url}
   ${ownTokens ? 'tokens:     yours, from KEYFLEET_TOKENS (use one with the keys and encrypt scopes below)' : `dev token:  ${token}   (tenant "dev", all scopes; kept in .keyfleet-dev/secrets.json)`}

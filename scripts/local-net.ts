@@ -15,30 +15,42 @@ function listenOnce(port: number): Promise<number> {
   });
 }
 
-/** The first port of the range the system hands out to outgoing connections and to listen(0). */
-function ephemeralLow(): number {
+/** The range the system hands out to outgoing connections and to listen(0) (Linux's default where unread). */
+function ephemeralRange(): [number, number] {
   try {
-    const low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
-    return Number.isInteger(low) && low > 11_000 ? low : 32_768;
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (Number.isInteger(low) && Number.isInteger(high)) return [low!, high!];
   } catch {
-    return 32_768;
+    // not Linux, or no /proc
   }
+  return [32_768, 60_999];
 }
 
 /**
- * A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench).
- * Picked at random below the ephemeral range: a port the system picked (listen(0)) may be handed
- * to some process's outgoing connection before the server meant for it binds it (EADDRINUSE),
- * while a port below the range is only ever taken by a server that asks for it by number.
+ * Ports no outgoing connection takes: the widest stretch outside the ephemeral range, from 10000
+ * (clear of the well-known and common service ports) to 65535.
  */
-export async function freePort(): Promise<number> {
-  const low = 10_000;
-  const high = ephemeralLow();
-  for (let tries = 0; ; tries++) {
-    const port = low + Math.floor(Math.random() * (high - low));
+export function stablePorts(): [number, number] {
+  const [low, high] = ephemeralRange();
+  const below: [number, number] = [10_000, low - 1];
+  const above: [number, number] = [high + 1, 65_535];
+  return below[1] - below[0] >= above[1] - above[0] ? below : above;
+}
+
+/**
+ * A TCP port that was free a moment ago on 127.0.0.1 (for local servers: dev, tests, bench), in
+ * `range` (by default stablePorts()). Picked at random outside the ephemeral range: a port the
+ * system picked (listen(0)) may be handed to some process's outgoing connection before the
+ * server meant for it binds it (EADDRINUSE), while a port outside the range is only ever taken
+ * by a server that asks for it by number.
+ */
+export async function freePort([from, to]: readonly [number, number] = stablePorts()): Promise<number> {
+  // Where the ephemeral range leaves no room (or all of it is taken), one the system picks, race and all.
+  for (let tries = 0; to - from >= 100 && tries < 200; tries++) {
+    const port = from + Math.floor(Math.random() * (to - from + 1));
     if (await portIsFree(port)) return port;
-    if (tries === 50) return listenOnce(0);
   }
+  return listenOnce(0);
 }
 
 /** Whether `port` on 127.0.0.1 was free a moment ago. */
@@ -49,15 +61,17 @@ export const portInUse = (port: number): Promise<boolean> => listenOnce(port).th
 
 /** True when a Redis at `url` answers PING within about a second. */
 export async function redisAnswers(url: string): Promise<boolean> {
-  const client = new Redis(url, { lazyConnect: true, connectTimeout: 1_000, maxRetriesPerRequest: 0, retryStrategy: () => null });
-  client.on('error', () => {});
+  let client: Redis | undefined;
   try {
+    // Inside: a URL ioredis cannot read throws here, with the URL (and its password) in the error.
+    client = new Redis(url, { lazyConnect: true, connectTimeout: 1_000, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    client.on('error', () => {});
     await client.connect();
     return (await client.ping()) === 'PONG';
   } catch {
     return false;
   } finally {
-    client.disconnect();
+    client?.disconnect();
   }
 }
 

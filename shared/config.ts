@@ -264,8 +264,12 @@ const SECRET_VARIABLES = new Set(['KEYFLEET_MASTER_KEY', 'KEYFLEET_MASTER_KEY_PR
  * by redis:// or rediss://, as in a cluster's seed list: split at every comma, a password with a
  * raw comma showed its pieces. Nor need a URL have its //: `redis:/:password@host` hides it too.
  */
-const shown = (name: string, value: string | undefined): string =>
-  JSON.stringify(name === 'REDIS_URL' && value ? value.split(/,(?=\s*rediss?:\/\/)/i).map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@')).join(',') : value);
+export const shownRedisUrl = (value: string): string =>
+  value
+    .split(/,(?=\s*rediss?:\/\/)/i)
+    .map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@'))
+    .join(',');
+const shown = (name: string, value: string | undefined): string => JSON.stringify(name === 'REDIS_URL' && value ? shownRedisUrl(value) : value);
 
 /**
  * Variables refused when empty rather than read as unset. An empty REDIS_URL is most likely one
@@ -275,11 +279,6 @@ const shown = (name: string, value: string | undefined): string =>
  */
 const REFUSED_EMPTY = new Set(['REDIS_URL']);
 
-/**
- * Parses the environment once into a frozen config; fails naming each bad variable and what was
- * expected. An empty variable counts as unset (`VAR=` in an env file, compose's `${VAR:-}`): its
- * default applies, rather than an empty string read as 0. Except REDIS_URL: refused when empty.
- */
 /** What a process cannot start without, each named as a start without it names it. */
 export const REQUIRED = {
   KEYFLEET_TOKENS: 'required by the API (tenant:token[:scope+scope], comma-separated)',
@@ -288,8 +287,11 @@ export const REQUIRED = {
 export type RequiredSetting = keyof typeof REQUIRED;
 
 /**
- * Reads and checks the environment. `required` names the settings the calling process cannot
- * run without: one missing is reported with every other bad variable, not at the next start.
+ * Parses the environment once into a frozen config; fails naming each bad variable and what was
+ * expected. An empty variable counts as unset (`VAR=` in an env file, compose's `${VAR:-}`): its
+ * default applies, rather than an empty string read as 0. Except REDIS_URL: refused when empty.
+ * `required` names the settings the calling process cannot run without: one missing is
+ * reported with every other bad variable, not at the next start.
  */
 export function loadConfig(given: NodeJS.ProcessEnv = process.env, required: readonly RequiredSetting[] = []): Config {
   const env = Object.fromEntries(Object.entries(given).filter(([name, value]) => value !== undefined && (value.trim() !== '' || REFUSED_EMPTY.has(name))));
@@ -315,7 +317,9 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env, required: rea
     problems.push(`KEYFLEET_TOKENS: ${(err as Error).message}`);
   }
   for (const name of required) {
-    if (env[name] === undefined) problems.push(`${name}: ${REQUIRED[name]}`);
+    // A token list of nothing but commas is set, and holds no token.
+    const missing = name === 'KEYFLEET_TOKENS' ? tokens.length === 0 && !problems.some((p) => p.startsWith('KEYFLEET_TOKENS:')) : env[name] === undefined;
+    if (missing) problems.push(`${name}: ${REQUIRED[name]}`);
   }
   if (!parsed.success || problems.length) throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
   const e = parsed.data;

@@ -66,7 +66,7 @@ describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
     const run = await runDev({ REDIS_URL: `redis://:hunter2@127.0.0.1:${closed}`, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '0', WORKER_METRICS_PORT: '0' });
     expect(run.code, run.stdout + run.stderr).toBe(1);
     expect(run.stdout).toBe('');
-    expect(run.stderr).toBe(`keyfleet: no Redis answers at REDIS_URL (redis://127.0.0.1:${closed}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own; stopping\n`);
+    expect(run.stderr).toBe(`keyfleet: no Redis answers at REDIS_URL (redis://…@127.0.0.1:${closed}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own; stopping\n`);
   });
 
   it('refuses a REDIS_URL that is set but empty, as the API and the worker do, before starting anything', async () => {

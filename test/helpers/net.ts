@@ -1,6 +1,6 @@
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 
-export { freePort, portIsFree, redisAnswers, waitForRedis } from '../../scripts/local-net.js';
+export { freePort, portIsFree, redisAnswers, stablePorts, waitForRedis } from '../../scripts/local-net.js';
 
 /** One connection through a `tcpProxy`: the client's socket and the proxy's own to the target. */
 export interface ProxiedConnection {

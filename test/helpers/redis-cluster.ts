@@ -2,7 +2,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { freePort, portIsFree } from './net.js';
+import { freePort, portIsFree, stablePorts } from './net.js';
 
 export interface LocalCluster {
   /** Comma-separated seed URLs, as REDIS_URL takes them with REDIS_CLUSTER=true. */
@@ -46,7 +46,9 @@ export async function startCluster(): Promise<LocalCluster> {
 async function portWithFreeBus(taken: readonly number[]): Promise<number> {
   const used = new Set(taken.flatMap((p) => [p, p + 10_000]));
   for (;;) {
-    const port = await freePort();
+    // Its bus port outside the ephemeral range too, where there is room for both.
+    const [from, to] = stablePorts();
+    const port = await freePort([from, to - 10_000]);
     if (port <= 55_000 && !used.has(port) && !used.has(port + 10_000) && (await portIsFree(port + 10_000))) return port;
   }
 }

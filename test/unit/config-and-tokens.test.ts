@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadConfig } from '../../shared/config.js';
+import { loadConfig, shownRedisUrl } from '../../shared/config.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { MasterKey } from '../../shared/master-key.js';
 import { parseTokens, TokenVerifier } from '../../shared/tokens.js';
@@ -124,6 +124,17 @@ describe('configuration', () => {
     expect(error.split('\n').map((line) => line.trim().split(':')[0])).toEqual(['invalid configuration', 'SYNC_MAX_ITEMS', 'LOG_LEVEL', 'REDIS_URL', 'KEYFLEET_TOKENS']);
     expect(error).toContain('KEYFLEET_TOKENS: entry 1: expected a token of at least 16 characters');
     expect(error).not.toContain(shortToken);
+    // What a process requires is named with the rest: unset, or a token list of commas alone.
+    for (const tokens of [undefined, ',', ' , ']) {
+      const given = { SYNC_MAX_ITEMS: '-1', ...(tokens === undefined ? {} : { KEYFLEET_TOKENS: tokens }) };
+      const required = (() => { try { loadConfig(given, ['KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY']); } catch (e) { return (e as Error).message; } return ''; })();
+      expect(required.split('\n').map((line) => line.trim().split(':')[0])).toEqual(['invalid configuration', 'SYNC_MAX_ITEMS', 'KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY']);
+    }
+  });
+
+  it('shows a REDIS_URL without its password where npm start prints it, each URL of a seed list', () => {
+    expect(shownRedisUrl('redis://127.0.0.1:6379')).toBe('redis://127.0.0.1:6379');
+    expect(shownRedisUrl('rediss://app:p@ss,word@h1:6380, redis://:pw@[::1]:6379')).toBe('rediss://…@h1:6380, redis://…@[::1]:6379');
   });
 
   it('refuses an empty REDIS_URL instead of reading it as unset: the default would be a Redis on 127.0.0.1 where another was meant', () => {
