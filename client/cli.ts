@@ -198,9 +198,9 @@ try {
   await program.parseAsync(process.argv);
 } catch (err) {
   // The client's own refusals name themselves for library users: here the line's prefix does.
-  log(`keyfleet: ${(err as Error).message.replace(/^keyfleet client: /, '')}`);
+  log(`keyfleet: ${String(err instanceof Error ? err.message : err).replace(/^keyfleet client: /, '')}`);
   // The API names its query parameter; here it is an option.
-  if (err instanceof KeyfleetApiError && err.code === 'KF_CONTEXT_REQUIRED') log('keyfleet: pass --context <context> (and the same one to decrypt)');
+  if (err instanceof KeyfleetApiError && err.code === 'KF_CONTEXT_REQUIRED') log('keyfleet: pass the items’ context with --context <context> (the same to encrypt, decrypt and rewrap them)');
   process.exitCode = EXIT.error;
 } finally {
   // An input still being read: the run ended before it (refused), with nothing left to write

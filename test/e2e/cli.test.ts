@@ -63,7 +63,7 @@ describe('the keyfleet CLI', () => {
     const refused = await keyfleet(['encrypt', '--key', 'convergent-cli', '--in', 'conv.txt', '--out', 'conv.enc']);
     expect(refused.code).toBe(1);
     expect(refused.stderr).toContain('KF_CONTEXT_REQUIRED');
-    expect(refused.stderr).toContain('keyfleet: pass --context <context>');
+    expect(refused.stderr).toContain('keyfleet: pass the items’ context with --context <context>');
     const sealed = await keyfleet(['encrypt', '--key', 'convergent-cli', '--context', 'tenant-a', '--in', 'conv.txt', '--out', 'conv.enc']);
     expect(sealed.code, sealed.stderr).toBe(0);
     expect(sealed.stderr).toContain('1 of 1 item encrypted');
