@@ -93,8 +93,8 @@ export class WebhookSender {
    * its batch's end again.
    */
   enqueue(batches: BatchStore, batchId: string): Promise<void> {
-    if (!this.#options.secret || this.#closing) return Promise.resolve();
-    const run = this.#enqueue(batches, batchId);
+    if (this.#closing) return Promise.resolve();
+    const run = this.#options.secret ? this.#enqueue(batches, batchId) : this.#unsigned(batches, batchId);
     const settled = run.catch(() => {});
     this.#inFlight.add(settled);
     void settled.finally(() => this.#inFlight.delete(settled));
@@ -106,6 +106,16 @@ export class WebhookSender {
     this.#closing = true;
     await Promise.allSettled([...this.#inFlight]);
     await this.#queue.close();
+  }
+
+  /**
+   * Without a secret nothing can be signed, so nothing is sent; a batch that asked for a webhook
+   * (its API had the secret, this process has not) is said so, not passed over in silence.
+   */
+  async #unsigned(batches: BatchStore, batchId: string): Promise<void> {
+    const record = await batches.get(batchId);
+    if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) return;
+    this.#options.logger.warn({ batchId, webhookHost: new URL(record.callbackUrl).host }, 'webhook not sent: WEBHOOK_SECRET is not set here (the API and every worker need the same one)');
   }
 
   async #enqueue(batches: BatchStore, batchId: string): Promise<void> {

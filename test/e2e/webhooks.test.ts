@@ -118,6 +118,21 @@ describe('webhooks', () => {
     expect(deliveries.filter((d) => d.headers['keyfleet-delivery'] === batchId).map((d) => d.answered)).toEqual([503, 200]);
   });
 
+  it('says so when a worker without WEBHOOK_SECRET ends a batch that asked for a webhook', async () => {
+    await worker.stop();
+    const { WEBHOOK_SECRET: _secret, ...unsigned } = env;
+    const lacking = await startWorker(unsigned);
+    try {
+      const submitted = await client.uploadNdjson('encrypt', 'serials', ['a'], `&callbackUrl=${encodeURIComponent(receiverUrl)}`);
+      const line = JSON.parse(await lacking.waitFor(/webhook not sent: WEBHOOK_SECRET is not set/));
+      expect(line).toMatchObject({ level: 40, batchId: submitted.body.batchId, webhookHost: new URL(receiverUrl).host });
+      expect(JSON.stringify(line)).not.toContain('/hooks/keyfleet');
+    } finally {
+      await lacking.stop();
+      worker = await startWorker(env);
+    }
+  });
+
   it('refuses callback URLs that are not http(s), carry credentials, or name a host off the allow-list', async () => {
     for (const bad of ['ftp://127.0.0.1/x', 'file:///etc/passwd', 'javascript:alert(1)', 'http://user:pw@127.0.0.1/x', 'http://10.0.0.1/hook', 'http://example.com/hook', 'not a url']) {
       const res = await client.uploadNdjson('encrypt', 'serials', ['a'], `&callbackUrl=${encodeURIComponent(bad)}`);
