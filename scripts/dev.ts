@@ -31,7 +31,6 @@ function devSecrets(): DevSecrets {
 
 const children: ChildProcess[] = [];
 
-
 async function startRedis(): Promise<string> {
   const port = await freePort();
   const dir = join(devDir, 'redis');
@@ -90,7 +89,7 @@ let secrets: DevSecrets | undefined;
 const dev = (): DevSecrets => (secrets ??= devSecrets());
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 // A cluster's seed list (REDIS_CLUSTER=true) is probed at its first node.
-if (!(await redisAnswers(redisUrl.split(/,\s*/)[0]!))) {
+if (!(await redisAnswers(redisUrl.split(/,(?=\s*rediss?:\/\/)/i)[0]!.trim()))) {
   // A Redis named on purpose is not swapped for a throwaway one: a mistyped URL would otherwise
   // run on data that goes nowhere the user meant.
   if (process.env['REDIS_URL'] !== undefined) await giveUp(new Error(`no Redis answers at REDIS_URL (${shownRedisUrl(redisUrl)}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own`));

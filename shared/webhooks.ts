@@ -113,7 +113,8 @@ export class WebhookSender {
    * (its API had the secret, this process has not) is said so, not passed over in silence.
    */
   async #unsigned(batches: BatchStore, batchId: string): Promise<void> {
-    const record = await batches.get(batchId);
+    // A warning is not worth a chunk's rerun: a read that fails goes unsaid.
+    const record = await batches.get(batchId).catch(() => null);
     if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) return;
     this.#options.logger.warn({ batchId, webhookHost: new URL(record.callbackUrl).host }, 'webhook not sent: WEBHOOK_SECRET is not set here (the API and every worker need the same one)');
   }
