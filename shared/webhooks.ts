@@ -94,7 +94,8 @@ export class WebhookSender {
    */
   enqueue(batches: BatchStore, batchId: string): Promise<void> {
     if (this.#closing) return Promise.resolve();
-    const run = this.#options.secret ? this.#enqueue(batches, batchId) : this.#unsigned(batches, batchId);
+    // Without a secret only a warning is at stake, not worth a chunk's rerun: its failure goes unsaid.
+    const run = this.#options.secret ? this.#enqueue(batches, batchId) : this.#enqueue(batches, batchId).catch(() => {});
     const settled = run.catch(() => {});
     this.#inFlight.add(settled);
     void settled.finally(() => this.#inFlight.delete(settled));
@@ -108,20 +109,15 @@ export class WebhookSender {
     await this.#queue.close();
   }
 
-  /**
-   * Without a secret nothing can be signed, so nothing is sent; a batch that asked for a webhook
-   * (its API had the secret, this process has not) is said so, not passed over in silence.
-   */
-  async #unsigned(batches: BatchStore, batchId: string): Promise<void> {
-    // A warning is not worth a chunk's rerun: a read that fails goes unsaid.
-    const record = await batches.get(batchId).catch(() => null);
-    if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) return;
-    this.#options.logger.warn({ batchId, webhookHost: new URL(record.callbackUrl).host }, 'webhook not sent: WEBHOOK_SECRET is not set here (the API and every worker need the same one)');
-  }
-
   async #enqueue(batches: BatchStore, batchId: string): Promise<void> {
     const record = await batches.get(batchId);
     if (!record?.callbackUrl || !TERMINAL_STATUSES.has(record.status)) return;
+    // Without a secret nothing can be signed, so nothing is sent; a batch that asked for a
+    // webhook (its API had the secret, this process has not) is said so, not passed over.
+    if (!this.#options.secret) {
+      this.#options.logger.warn({ batchId, webhookHost: new URL(record.callbackUrl).host }, 'webhook not sent: WEBHOOK_SECRET is not set here (the API and every worker need the same one)');
+      return;
+    }
     const { attempts = DEFAULT_ATTEMPTS, baseDelayMs = DEFAULT_BASE_DELAY_MS } = this.#options;
     await this.#queue.add(WEBHOOK_JOB, { batchId }, {
       jobId: webhookJobId(batchId),

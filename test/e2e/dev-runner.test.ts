@@ -3,6 +3,7 @@ import { createServer, type Server } from 'node:http';
 import { resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { testEnv } from '../helpers/env.js';
+import { freePort } from '../helpers/net.js';
 
 const script = resolve(import.meta.dirname, '..', '..', 'dist', 'scripts', 'dev.js');
 const { env } = testEnv();
@@ -57,12 +58,7 @@ describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
   });
 
   it('refuses a REDIS_URL that does not answer rather than starting a Redis of its own, without printing its password', async () => {
-    const closed = await new Promise<number>((done) => {
-      const probe = createServer().listen(0, '127.0.0.1', () => {
-        const { port } = probe.address() as { port: number };
-        probe.close(() => done(port));
-      });
-    });
+    const closed = await freePort();
     const run = await runDev({ REDIS_URL: `redis://:hunter2@127.0.0.1:${closed}`, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: '0', WORKER_METRICS_PORT: '0' });
     expect(run.code, run.stdout + run.stderr).toBe(1);
     expect(run.stdout).toBe('');
