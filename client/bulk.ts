@@ -96,7 +96,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     // A pipe's size is unknown (0): its progress shows what was read, without a total.
     const size = file.isFile() ? file.size : undefined;
     let uploads = 0;
-    const upload = new Progress('keyfleet: upload', 'MB', options.interactive);
+    const upload = new Progress('keyfleet: upload', 'bytes', options.interactive);
     const started = Date.now();
     // The CLI's own key, unless given one: the client would make one too, but the user needs to
     // know it to run the command again without making a second batch.

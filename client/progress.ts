@@ -9,22 +9,21 @@ import cliProgress from 'cli-progress';
 export class Progress {
   readonly #bar: cliProgress.SingleBar | undefined;
   readonly #label: string;
-  readonly #unit: string;
-  readonly #format: (n: number) => string;
+  readonly #unit: Unit;
   #lastLine = 0;
   #lastTenth = -1;
   #total = -1;
   /** The line of the latest count without a total, until it is written. */
   #untotalled: string | undefined;
 
-  constructor(label: string, unit: 'items' | 'MB', interactive = Boolean(process.stderr.isTTY)) {
+  /** `bytes` are shown in B, KB, MB or GB, whichever the total (or, without one, the count) reaches. */
+  constructor(label: string, unit: Unit, interactive = Boolean(process.stderr.isTTY)) {
     this.#label = label;
     this.#unit = unit;
-    this.#format = unit === 'MB' ? (n) => (n / 1e6).toFixed(1) : (n) => Math.round(n).toLocaleString('en-US');
     this.#bar = interactive
       ? new cliProgress.SingleBar(
           {
-            format: `${label} {bar} {percentage}% | {done}/{all} ${unit} | {rate} ${unit}/s | ETA {eta_formatted}`,
+            format: `${label} {bar} {percentage}% | {done}/{all} {unit} | {rate}/s | ETA {eta_formatted}`,
             stream: process.stderr,
             hideCursor: true,
             etaBuffer: 50,
@@ -43,14 +42,15 @@ export class Progress {
     const seconds = Math.max((Date.now() - startedAt) / 1000, 0.001);
     const rate = done / seconds;
     if (total === undefined) {
-      this.#untotalled = `${this.#label} ${this.#format(done)} ${this.#unit}, ${this.#format(rate)} ${this.#unit}/s\n`;
+      this.#untotalled = `${this.#label} ${amount(this.#unit, done)}, ${amount(this.#unit, rate)}/s\n`;
       if (Date.now() - this.#lastLine < 2_000) return;
       this.#lastLine = Date.now();
       process.stderr.write(this.#untotalled);
       this.#untotalled = undefined;
       return;
     }
-    const payload = { done: this.#format(done), all: this.#format(total), rate: this.#format(rate) };
+    const scale = scaleOf(this.#unit, total);
+    const payload = { done: inScale(scale, done), all: inScale(scale, total), unit: scale.name, rate: amount(this.#unit, rate) };
     if (this.#bar) {
       if (total !== this.#total) {
         this.#bar.start(total, done, payload);
@@ -67,7 +67,7 @@ export class Progress {
     this.#lastTenth = tenth;
     const eta = rate > 0 ? Math.ceil((total - done) / rate) : undefined;
     const percent = total ? Math.floor((done / total) * 100) : 0;
-    process.stderr.write(`${this.#label} ${payload.done}/${payload.all} ${this.#unit} (${percent}%), ${payload.rate} ${this.#unit}/s${eta !== undefined ? `, ETA ${eta}s` : ''}\n`);
+    process.stderr.write(`${this.#label} ${payload.done}/${payload.all} ${payload.unit} (${percent}%), ${payload.rate}/s${eta !== undefined ? `, ETA ${eta}s` : ''}\n`);
   }
 
   stop(): void {
@@ -85,3 +85,18 @@ export class Progress {
 }
 
 const running = new Set<Progress>();
+
+type Unit = 'items' | 'bytes';
+interface Scale { readonly size: number; readonly name: string }
+
+const ITEMS: Scale = { size: 1, name: 'items' };
+const BYTE_SCALES: readonly Scale[] = [{ size: 1e9, name: 'GB' }, { size: 1e6, name: 'MB' }, { size: 1e3, name: 'KB' }, { size: 1, name: 'B' }];
+
+/** Items as they are; bytes in the largest unit that `n` reaches, so a small file reads `12 B`, not `0.0 MB`. */
+const scaleOf = (unit: Unit, n: number): Scale => (unit === 'items' ? ITEMS : BYTE_SCALES.find(({ size }) => n >= size) ?? BYTE_SCALES.at(-1)!);
+/** Whole numbers of items or bytes; tenths of larger units. */
+const inScale = ({ size }: Scale, n: number): string => (size === 1 ? Math.round(n).toLocaleString('en-US') : (n / size).toFixed(1));
+const amount = (unit: Unit, n: number): string => {
+  const scale = scaleOf(unit, n);
+  return `${inScale(scale, n)} ${scale.name}`;
+};

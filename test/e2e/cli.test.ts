@@ -169,7 +169,9 @@ describe('the keyfleet CLI', () => {
     const sealed = await keyfleet(['encrypt', '--key', 'serials', '--in', 'serials.txt', '--out', 'serials.enc']);
     expect(sealed.code).toBe(0);
     // Not a terminal: plain progress lines, then the summary.
-    expect(sealed.stderr).toMatch(/keyfleet: upload .* MB \(\d+%\)/);
+    // The file (about 931 KB) in KB, not as 0.9 MB.
+    expect(sealed.stderr).toContain(`/${(Buffer.byteLength(original) / 1e3).toFixed(1)} KB (100%)`);
+    expect(sealed.stderr).toMatch(/keyfleet: upload [\d.]+\/[\d.]+ KB \(\d+%\), [\d.]+ [KM]B\/s/);
     expect(sealed.stderr).toMatch(/keyfleet: encrypt 50,000\/50,000 items \(100%\), [\d,]+ items\/s/);
     expect(sealed.stderr).toContain('50,000 of 50,000 items encrypted into serials.enc');
     const lines = readFileSync(path('serials.enc'), 'utf8').split('\n');
@@ -286,8 +288,9 @@ describe('the keyfleet CLI', () => {
     expect(piped.code, piped.stderr).toBe(0);
     expect(piped.stderr).toContain('2 of 2 items encrypted into piped.enc');
     // A pipe's size is unknown: the upload's progress has no total to count towards.
-    expect(piped.stderr).toMatch(/^keyfleet: upload [\d.]+ MB, [\d.]+ MB\/s$/m);
-    expect(piped.stderr).not.toMatch(/keyfleet: upload [\d.]+\/[\d.]+ MB/);
+    // 12 bytes read as such, not as 0.0 MB.
+    expect(piped.stderr).toMatch(/^keyfleet: upload 12 B, [\d.]+ [KM]?B\/s$/m);
+    expect(piped.stderr).not.toMatch(/keyfleet: upload [\d.]+\/[\d.]+/);
     writeFileSync(path('piped.txt'), 'from\na pipe\n');
     const fd = openSync(path('piped.enc'), 'r');
     try {
