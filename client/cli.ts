@@ -42,6 +42,16 @@ const timeoutSeconds = (value: string): number => {
   return n;
 };
 
+/**
+ * A preAction hook refusing a run without these options. Commander checks its own required
+ * options before unknown ones, so a misspelled `--kye` read as a missing `--key`; checked here,
+ * after the unknown-option check, it reads `unknown option '--kye' (Did you mean --key?)`.
+ */
+const requireOptions = (...names: string[]) => (_program: Command, command: Command): void => {
+  const missing = command.options.find((option) => option.long !== undefined && names.includes(option.long) && command.getOptionValue(option.attributeName()) === undefined);
+  if (missing) command.error(`error: required option '${missing.flags}' not specified`, { code: 'commander.missingMandatoryOptionValue' });
+};
+
 const program = new Command('keyfleet')
   .description('Encrypt, decrypt and re-key files of secrets through a keyfleet service.')
   .version(projectVersion())
@@ -54,9 +64,9 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
   program
     .command(op)
     .description(`${op} a file, one item per line (or NDJSON with --ndjson), through a batch; results in input order`)
-    .requiredOption('-k, --key <name>', 'the key')
+    .option('-k, --key <name>', 'the key')
     .option('-i, --in <file>', 'the input file, - for stdin (required unless --resume)')
-    .requiredOption('-o, --out <file>', 'where the results go, one per input line (a failed item leaves its line empty, or null with --ndjson)')
+    .option('-o, --out <file>', 'where the results go, one per input line (a failed item leaves its line empty, or null with --ndjson)')
     .option('--ndjson', 'input and output lines are JSON strings', false)
     .addOption(new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
     .option('--resume <batchId>', 'pick up an earlier batch: wait for it and download the rest of its results into --out')
@@ -66,6 +76,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
 
     .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials ${{ encrypt: '--in serials.txt --out serials.enc', decrypt: '--in serials.enc --out serials.dec', rewrap: '--in old.enc --out new.enc' }[op]}`)
     .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
+    .hook('preAction', requireOptions('--key', '--out'))
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
       await refuseSameFile(opts.in, opts.out);
       const client = clientOf(command);

@@ -50,6 +50,16 @@ describe('the keyfleet CLI', () => {
     const none = await keyfleet(['batch', 'list', '--limit', '0']);
     expect([none.code, none.stdout]).toEqual([1, '']);
     expect(none.stderr).toContain('expected a whole number ≥ 1, got "0"');
+    // A misspelled option is named as such, not as the required option it was meant to be.
+    const misspelled = await keyfleet(['encrypt', '--kye', 'serials', '--in', 'x.txt', '--out', 'x.enc']);
+    expect([misspelled.code, misspelled.stdout]).toEqual([1, '']);
+    expect(misspelled.stderr).toMatch(/^error: unknown option '--kye'\n\(Did you mean --key\?\)/);
+    for (const [args, flags] of [[['--in', 'x.txt', '--out', 'x.enc'], '-k, --key <name>'], [['--key', 'serials', '--in', 'x.txt'], '-o, --out <file>']] as const) {
+      const left = await keyfleet(['encrypt', ...args]);
+      expect([left.code, left.stdout]).toEqual([1, '']);
+      expect(left.stderr).toMatch(new RegExp(`^error: required option '${flags}' not specified\n`));
+    }
+    expect(existsSync(path('x.enc'))).toBe(false);
     // The client's own refusals, once prefixed.
     const credentials = await keyfleet(['keys', 'show', 'serials'], { KEYFLEET_URL: url.replace('http://', 'http://user:pw@') });
     expect(credentials.code).toBe(1);
