@@ -12,7 +12,7 @@
  * scavenges; reclaim.ts now collects them as they pass. With that, the 1M-item peak was
  * 125–137 MB at 8, against 134–142 at 4 and 144–149 at 8 without it (ad hoc, bench/NOTES.md).
  * On an Intel host of model 167, at 8 with the collections: a 10-item p99 of 8 ms and the API's
- * peak at 128–136 MB in three full runs (README, Performance).
+ * peak at 128–136 MB in three full runs (bench/NOTES.md, the model-167 host a third time).
  *
  * --expose-gc: gives the API `gc`, which reclaim.ts alone calls.
  */
