@@ -43,9 +43,17 @@ export interface BulkOutcome {
   readonly batchId: string;
   readonly total: number;
   readonly succeeded: number;
+  /** Items whose line is empty (null with --ndjson): failed, not writable as a line, or never processed. */
   readonly failed: number;
+  /** `completed`, or `failed` for a batch that failed after its upload: its results are written all the same. */
   readonly status: string;
+  /** Why the batch failed, if it did. */
+  readonly error?: { readonly code: string; readonly message: string };
+  /** Items of the chunks a failed batch never ran (their lines are KF_ITEM_NOT_PROCESSED, not listed one by one). */
+  readonly notProcessed: number;
 }
+
+const NOT_PROCESSED = 'KF_ITEM_NOT_PROCESSED';
 
 /** Per-item errors printed in full; after that only counted. */
 const ERRORS_SHOWN = 100;
@@ -133,14 +141,17 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
   const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)), { apiReached: !options.resume }));
-  if (final.status !== 'completed') {
-    const reason = final.error ? `: ${final.error.code} ${final.error.message}` : '';
-    throw new Error(`batch ${batchId} ended ${final.status}${reason}`);
-  }
-
-  const { written, unwritable } = await download(client, batchId, options, lines);
+  const ended = `batch ${batchId} ended ${final.status}${final.error ? `: ${final.error.code} ${final.error.message}` : ''}`;
+  if (final.status !== 'completed' && final.status !== 'failed') throw new Error(ended);
+  // A batch that failed after its upload has the results of the chunks that ran: they are
+  // written, and the lines of the items it never processed are left empty. One that failed
+  // during its upload has none (KF_BATCH_FAILED).
+  const { written, unwritable } = await download(client, batchId, options, lines).catch((err: unknown) => {
+    throw err instanceof KeyfleetApiError && err.code === 'KF_BATCH_FAILED' ? new Error(ended, { cause: err }) : err;
+  });
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
-  return { batchId, total: final.total, succeeded: final.succeeded - unwritable, failed: final.failed + unwritable, status: final.status };
+  const succeeded = final.succeeded - unwritable;
+  return { batchId, total: final.total, succeeded, failed: final.total - succeeded, status: final.status, ...(final.error ? { error: final.error } : {}), notProcessed: final.total - final.processed };
 }
 
 /** Refuses a batch of another operation or key than the command's (a --resume of the wrong id). */
@@ -240,7 +251,8 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
           const multiline = lineBreak === true && !options.ndjson;
           if (error || multiline) {
             const item = written + pending;
-            if (item >= reportFrom) {
+            // Items a failed batch never processed are counted in its summary, not listed.
+            if (item >= reportFrom && error?.code !== NOT_PROCESSED) {
               if (multiline) unwritable++;
               const why = error ? `${error.code} ${error.message}` : 'the plaintext holds a line break, which one line of the output cannot (decrypt with --ndjson to get it)';
               if (errorsShown++ < ERRORS_SHOWN) options.log(`line ${lines.lineOf(item)}: ${why}`);

@@ -94,8 +94,13 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       const started = Date.now();
       const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key) });
       const elapsedSeconds = (Date.now() - started) / 1000;
-      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} ${outcome.total === 1 ? 'item' : 'items'} ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (outcome.failed ? `; ${outcome.failed.toLocaleString('en-US')} failed (see above)` : ''));
-      process.exitCode = outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
+      const listed = outcome.failed - outcome.notProcessed;
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} ${outcome.total === 1 ? 'item' : 'items'} ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (listed ? `; ${listed.toLocaleString('en-US')} failed (see above)` : ''));
+      if (outcome.status === 'failed') {
+        const why = outcome.error ? ` (${outcome.error.code}: ${outcome.error.message})` : '';
+        log(`keyfleet: batch ${outcome.batchId} failed${why}; the ${outcome.notProcessed.toLocaleString('en-US')} ${outcome.notProcessed === 1 ? 'item' : 'items'} it did not process ${outcome.notProcessed === 1 ? 'has an empty line' : 'have empty lines'}${opts.ndjson ? ' (null)' : ''}`);
+      }
+      process.exitCode = outcome.status === 'failed' ? EXIT.error : outcome.failed > 0 ? EXIT.itemsFailed : EXIT.ok;
     });
 }
 

@@ -251,6 +251,15 @@ export class BatchStore {
   }
 
   /**
+   * Which chunks ran to completion (their bits in the batch's `done` bitmap, first chunk first):
+   * of a batch that failed, only those have results.
+   */
+  async chunksRan(id: string): Promise<(chunk: number) => boolean> {
+    const bits = (await this.#redis.getBuffer(this.#keys.batchDone(id))) ?? Buffer.alloc(0);
+    return (chunk) => ((bits[chunk >> 3] ?? 0) & (0x80 >> (chunk & 7))) !== 0;
+  }
+
+  /**
    * The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired.
    * Handed over, so that neither this promise nor ioredis's keeps them once taken (a reader that reads ahead).
    */

@@ -23,9 +23,9 @@ export const CATALOGUE = {
   KF_TARGET_KEY_INVALID: { status: 400, message: 'targetKey must name another key, of a type that encrypts' },
   KF_KEY_VERSION_INVALID: { status: 400, message: 'the version must be between 1 and the latest version' },
   KF_BATCH_NOT_FOUND: { status: 404, message: 'no such batch' },
-  KF_BATCH_NOT_READY: { status: 409, message: 'the batch has not completed' },
+  KF_BATCH_NOT_READY: { status: 409, message: 'the batch has not ended' },
   KF_BATCH_DELETED: { status: 410, message: 'the batch results were deleted' },
-  KF_BATCH_FAILED: { status: 409, message: 'the batch failed; it will have no results' },
+  KF_BATCH_FAILED: { status: 409, message: 'the batch failed before its upload was complete; it has no results' },
   KF_UPLOAD_ABORTED: { status: 400, message: 'the upload ended before it was complete' },
   KF_CHUNK_FAILED: { status: 500, message: 'a chunk of the batch failed on every attempt' },
   KF_MASTER_KEY_MISMATCH: { status: 500, message: "the key's material is wrapped under another master key; check KEYFLEET_MASTER_KEY" },
@@ -51,6 +51,7 @@ export const CATALOGUE = {
   KF_INVALID_ENCODING: { status: 400, message: 'the item is not valid base64' },
   KF_ITEM_TOO_LARGE: { status: 400, message: 'the item is larger than the configured limit' },
   KF_NOT_UTF8: { status: 400, message: 'the plaintext is not valid UTF-8; request encoding "base64"' },
+  KF_ITEM_NOT_PROCESSED: { status: 409, message: 'the batch failed before this item was processed (its status says why)' },
 } as const satisfies Record<string, { status: number; message: string; retryAfterSeconds?: number }>;
 
 /** KF_UNSUPPORTED_MEDIA_TYPE's message on the upload route, which takes NDJSON besides. */

@@ -128,6 +128,24 @@ export function* resultLines(stored: Buffer, firstIndex: number, skip: number, n
   }
 }
 
+const NOT_PROCESSED_TAIL = `,"error":${asciiJson({ code: 'KF_ITEM_NOT_PROCESSED', message: CATALOGUE.KF_ITEM_NOT_PROCESSED.message })}}\n`;
+
+/**
+ * The lines of items `from` to `to` (not included) of a chunk that never ran, its batch having
+ * failed first: each a KF_ITEM_NOT_PROCESSED error, in pieces of about `pieceBytes`.
+ */
+export function* notProcessedLines(from: number, to: number, pieceBytes = 256 * 1024): Generator<Buffer> {
+  let out = '';
+  for (let i = from; i < to; i++) {
+    out += `{"i":${i}${NOT_PROCESSED_TAIL}`;
+    if (out.length >= pieceBytes) {
+      yield Buffer.from(out, 'latin1');
+      out = '';
+    }
+  }
+  if (out) yield Buffer.from(out, 'latin1');
+}
+
 /** The offset of record `skip` (counting from the one at `at`). */
 function skipRecords(stored: Buffer, at: number, skip: number): number {
   for (let n = 0; n < skip && at < stored.length; n++) {

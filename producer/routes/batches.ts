@@ -8,7 +8,7 @@ import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError, UPLOAD_MEDIA_TYPES } from '../../shared/errors.js';
 import { Handover } from '../../shared/handover.js';
-import { resultLines, type NativeFormatter } from '../../shared/result-codec.js';
+import { notProcessedLines, resultLines, type NativeFormatter } from '../../shared/result-codec.js';
 import { batchAccepted, batchList, batchParams, batchStatus, createBatchQuery, errorResponse, listBatchesQuery, resultsQuery } from '../../shared/schemas.js';
 import { submitBatch } from '../batch-submit.js';
 import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone, type SchemaRequest } from '../idempotency.js';
@@ -34,7 +34,7 @@ const resultsAnswer = {
     [NDJSON]: {
       schema: z.string().meta({
         format: 'binary',
-        description: 'NDJSON: {"i": <index>, "ciphertext": "…"} (or "plaintext") per item, or {"i", "error": {"code", "message"}} for one that failed',
+        description: 'NDJSON: {"i": <index>, "ciphertext": "…"} (or "plaintext") per item, or {"i", "error": {"code", "message"}} for one that failed; of a batch that failed after its upload, KF_ITEM_NOT_PROCESSED for each item of the chunks that never ran',
         example: '{"i":0,"ciphertext":"kf:v2:…"}\n{"i":1,"error":{"code":"KF_INVALID_ITEM","message":"…"}}\n',
       }),
     },
@@ -126,15 +126,18 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return publicStatus(await readableBatch(app, request, request.params.id));
   });
 
-  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until completed); `from` resumes at an item', params: batchParams, querystring: resultsQuery, docs: { responses: { 200: resultsAnswer, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND', 'KF_BATCH_NOT_READY', 'KF_BATCH_FAILED', 'KF_BATCH_DELETED') } } } }, async (request, reply) => {
+  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until the batch has ended; of a failed batch, KF_ITEM_NOT_PROCESSED for the items that never ran); `from` resumes at an item', params: batchParams, querystring: resultsQuery, docs: { responses: { 200: resultsAnswer, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND', 'KF_BATCH_NOT_READY', 'KF_BATCH_FAILED', 'KF_BATCH_DELETED') } } } }, async (request, reply) => {
     const batch = await readableBatch(app, request, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     // A failed batch never completes: a caller waiting on KF_BATCH_NOT_READY would wait for ever.
-    if (batch.status === 'failed') {
-      throw new KeyfleetError('KF_BATCH_FAILED', `the batch failed${batch.error ? ` (${batch.error.code})` : ''}; it will have no results (GET /v1/batches/${batch.id} says why)`);
+    // One that failed once its upload was whole gives what its chunks that ran made, and a
+    // KF_ITEM_NOT_PROCESSED line for each item of the others: the work done is not lost. One
+    // that failed during its upload never had all its items: it has no results.
+    if (batch.status === 'failed' && !batch.sealed) {
+      throw new KeyfleetError('KF_BATCH_FAILED', `the batch failed during its upload${batch.error ? ` (${batch.error.code})` : ''}; it has no results (GET /v1/batches/${batch.id} says why)`);
     }
-    if (batch.status !== 'completed') {
-      throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it is completed`);
+    if (batch.status !== 'completed' && batch.status !== 'failed') {
+      throw new KeyfleetError('KF_BATCH_NOT_READY', `the batch is ${batch.status}; results are ready once it has ended`);
     }
     // `from` equal to the total reads nothing (a download that had every line); past it, the
     // caller has lines this batch never had (another batch's file, say): an empty 200 would hide that.
@@ -144,12 +147,12 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     // The first chunk is read before the answer starts, so that a batch deleted since the check
     // above is still a 410; one deleted later cuts the download short.
     const layout = await batches.chunkLayout(batch);
+    const ran = batch.status === 'failed' ? await batches.chunksRan(batch.id) : () => true;
     const start = startOf(batch, layout, request.query.from);
-    const first = start ? await batches.readResults(batch.id, start.chunk) : null;
-    const results = first?.take();
-    if (start && !results) throw new KeyfleetError('KF_BATCH_DELETED');
+    const first = start && ran(start.chunk) ? (await batches.readResults(batch.id, start.chunk)).take() : null;
+    if (start && ran(start.chunk) && !first) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
-    return reply.send(Readable.from(start ? reclaiming(resultChunks(batches, batch, layout, start, new Handover(results!), formatter)) : [], { objectMode: false }));
+    return reply.send(Readable.from(start ? reclaiming(resultChunks(batches, batch, layout, ran, start, new Handover(first), formatter)) : [], { objectMode: false }));
   });
 
   r.get('/v1/batches/:id/events', { schema: { tags, summary: 'Server-Sent Events: `progress` with the status, then `done` with the final one', params: batchParams, docs: { responses: { 200: batchEvents, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND') } } } }, async (request, reply) => {
@@ -234,16 +237,19 @@ function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk
 }
 
 /**
- * Result lines chunk by chunk in input order from `start` on (its chunk's results already read),
- * reading the next chunk while the current one is formatted and sent.
+ * Result lines chunk by chunk in input order from `start` on (its chunk's results already read,
+ * if it ran), reading the next chunk while the current one is formatted and sent. A chunk that
+ * never ran (`ran`: its batch failed first) gives a KF_ITEM_NOT_PROCESSED line per item.
  */
-async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, start: { chunk: number; skip: number }, first: Handover<Buffer>, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
+async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, ran: (chunk: number) => boolean, start: { chunk: number; skip: number }, first: Handover<Buffer | null>, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks } = batch;
+  const nothing = Promise.resolve(new Handover<Buffer | null>(null));
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
   // Its results come in a handover, so that the promises around it do not keep them (shared/handover.ts).
   const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
+    if (!ran(chunk)) return nothing;
     const read = batches.readResults(id, chunk);
     read.catch(() => {});
     return read;
@@ -253,8 +259,10 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: Ch
   for (let chunk = start.chunk; chunk < chunks; chunk++) {
     const current = (await next!).take();
     next = readAhead(chunk + 1);
-    if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
-    yield* resultLines(current, layout.firstIndex(chunk), skip, formatter);
+    const firstIndex = layout.firstIndex(chunk);
+    if (!ran(chunk)) yield* notProcessedLines(firstIndex + skip, chunk + 1 < chunks ? layout.firstIndex(chunk + 1) : batch.total);
+    else if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
+    else yield* resultLines(current, firstIndex, skip, formatter);
     skip = 0;
   }
 }

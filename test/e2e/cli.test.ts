@@ -206,6 +206,36 @@ describe('the keyfleet CLI', () => {
     expect(out.slice(0, 5)).toEqual(['SN-0000001-0 ünïcode ✓', '', 'SN-0000002-17wdrqp', '', 'SN-0000003-grnhia']);
   });
 
+  it('writes what a batch that failed after its upload made, leaves the lines it never processed empty, says why and exits 1', async () => {
+    // One thread, one chunk at a time, in order: chunks of 4, 4 and 3 under a nonce budget of 10,
+    // so the third is refused and the batch fails once its first two have run.
+    const own = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '4', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
+    const [budgetApi, budgetWorker] = await startApiAndWorker(own.env);
+    try {
+      const run = (args: string[]) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: budgetApi.url, KEYFLEET_TOKEN: own.admin.token } });
+      expect((await run(['keys', 'create', 'budget'])).code).toBe(0);
+      const serials = Array.from({ length: 11 }, (_, i) => `BUDGET-${i + 1}`);
+      writeFileSync(path('budget.txt'), serials.join('\n') + '\n');
+      const { code, stderr } = await run(['encrypt', '--key', 'budget', '--in', 'budget.txt', '--out', 'budget.enc']);
+      expect(code, stderr).toBe(1);
+      const out = readFileSync(path('budget.enc'), 'utf8').split('\n');
+      expect(out).toHaveLength(12);
+      expect(out.slice(0, 8).every((line) => line.startsWith('kf:v1:'))).toBe(true);
+      expect(out.slice(8)).toEqual(['', '', '', '']);
+      expect(stderr).toContain('8 of 11 items encrypted into budget.enc');
+      expect(stderr).toMatch(/keyfleet: batch [\w-]+ failed \(KF_CHUNK_FAILED: .*KF_NONCE_BUDGET_EXHAUSTED.*\); the 3 items it did not process have empty lines\n/);
+      // Counted, not listed one by one, and not counted again as failed items.
+      expect(stderr).not.toMatch(/^line \d+:/m);
+      expect(stderr).not.toContain('failed (see above)');
+      // What it made decrypts.
+      writeFileSync(path('budget-made.enc'), out.slice(0, 8).join('\n') + '\n');
+      expect((await run(['decrypt', '--key', 'budget', '--in', 'budget-made.enc', '--out', 'budget-made.dec'])).code).toBe(0);
+      expect(readFileSync(path('budget-made.dec'), 'utf8')).toBe(serials.slice(0, 8).join('\n') + '\n');
+    } finally {
+      await Promise.all([budgetWorker.stop(), budgetApi.stop()]);
+    }
+  });
+
   it('resumes a download cut mid-way and reports each failed item once', async () => {
     // 20,000 ciphertexts, every 1,000th replaced by one that fails.
     const lines = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 20_000);

@@ -131,8 +131,9 @@ describe('faults', { timeout: 300_000 }, () => {
       }
       expect(seen.has('completed')).toBe(false);
       expect(status).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
+      // It never had all its items: no results, not the part that ran.
       const results = await client2.json('GET', `/v1/batches/${id}/results`);
-      expect(results.status).toBe(409);
+      expect(results).toEqual({ status: 409, body: { error: { code: 'KF_BATCH_FAILED', message: `the batch failed during its upload (KF_UPLOAD_ABORTED); it has no results (GET /v1/batches/${id} says why)` } } });
       expect(Number(await redis.get(`${env['KEYFLEET_PREFIX']}:backlog-items`))).toBe(0);
       expectNoSecrets([api, api2, worker], [admin.token, serial(0), serial(9_999)]);
     } finally {
@@ -353,7 +354,16 @@ describe('faults', { timeout: 300_000 }, () => {
       running.push(worker);
       const failed = await client.waitForBatch(poisoned.body.batchId);
       expect(failed).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringMatching(/chunk 1 failed after 2 attempt/) } });
-      expect((await client.json('GET', `/v1/batches/${poisoned.body.batchId}/results`)).status).toBe(409);
+      // Chunk 1's items were never processed; chunks 0 and 2 give their results if they ran
+      // before the batch failed, and are never half there.
+      const lines = await client.results(poisoned.body.batchId);
+      expect(lines.map((line) => line.i)).toEqual(Array.from({ length: 300 }, (_, i) => i));
+      const chunks = [0, 1, 2].map((c) => lines.slice(c * 100, c * 100 + 100));
+      expect(chunks[1]!.every((line) => line.error?.code === 'KF_ITEM_NOT_PROCESSED')).toBe(true);
+      for (const chunk of [chunks[0]!, chunks[2]!]) {
+        expect([chunk.every((line) => line.ciphertext?.startsWith('kf:v1:')), chunk.every((line) => line.error?.code === 'KF_ITEM_NOT_PROCESSED')]).toContain(true);
+      }
+      expect(lines.filter((line) => line.ciphertext).length).toBe(failed.succeeded);
       await expectExactlyOnce(client, fine.body.batchId, healthy);
       expectNoSecrets([worker], [admin.token, serial(150)]);
     } finally {

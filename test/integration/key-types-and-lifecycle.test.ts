@@ -294,11 +294,38 @@ describe('nonce budget and automatic rotation', () => {
     expect(upload.statusCode).toBe(202);
     const ended = await waitFor(app, admin, upload.json().batchId);
     expect(ended).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
-    // A failed batch says so when its results are asked for: it will never be ready.
-    const noResults = await call(app, admin, 'GET', `/v1/batches/${ended.id}/results`);
-    expect(noResults.statusCode).toBe(409);
-    expect(noResults.json().error).toEqual({ code: 'KF_BATCH_FAILED', message: `the batch failed (KF_CHUNK_FAILED); it will have no results (GET /v1/batches/${ended.id} says why)` });
+    // Its one chunk never ran: each item's line says so, in order, and none is a ciphertext.
+    const notProcessed = { code: 'KF_ITEM_NOT_PROCESSED', message: 'the batch failed before this item was processed (its status says why)' };
+    expect(await batchResults(app, admin, ended.id)).toEqual(Array.from({ length: 11 }, (_, i) => ({ i, error: notProcessed })));
     expect(await redis.hget(`${prefix}:key:acme:edge-batch`, 'n:1')).toBeNull();
+  });
+
+  it('gives the results of a failed batch\'s chunks that ran, and KF_ITEM_NOT_PROCESSED for the items of the others', async () => {
+    // One thread, one chunk at a time, in order: chunks of 4, 4 and 3 items under a budget of 10,
+    // so the first two run and the third is refused whole, failing the batch once it is sealed.
+    const { env, admin } = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '4', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/partial');
+    workers.push(await startWorker(env));
+    const items = Array.from({ length: 11 }, (_, i) => `serial-${i}`);
+    const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=partial', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: items.map((item) => JSON.stringify(item)).join('\n') + '\n' });
+    expect(upload.statusCode).toBe(202);
+    const ended = await waitFor(app, admin, upload.json().batchId);
+    expect(ended).toMatchObject({ status: 'failed', total: 11, processed: 8, succeeded: 8, failed: 0, error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
+
+    const lines = await batchResults(app, admin, ended.id);
+    expect(lines.map((line) => line.i)).toEqual(items.map((_, i) => i));
+    expect(lines.slice(8)).toEqual([8, 9, 10].map((i) => ({ i, error: { code: 'KF_ITEM_NOT_PROCESSED', message: 'the batch failed before this item was processed (its status says why)' } })));
+    const ciphertexts = lines.slice(0, 8).map((line) => line.ciphertext as string);
+    expect(ciphertexts.every((c) => c.startsWith('kf:v1:'))).toBe(true);
+    expect((await results(app, admin, 'decrypt', 'partial', { items: ciphertexts })).map((r) => r.plaintext)).toEqual(items.slice(0, 8));
+
+    // `from` inside the chunk that never ran, and inside one that did.
+    const from9 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=9`)).body.trim().split('\n').map((l) => JSON.parse(l));
+    expect(from9.map((line) => [line.i, line.error?.code])).toEqual([[9, 'KF_ITEM_NOT_PROCESSED'], [10, 'KF_ITEM_NOT_PROCESSED']]);
+    const from6 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=6`)).body.trim().split('\n').map((l) => JSON.parse(l));
+    expect(from6.map((line) => line.i)).toEqual([6, 7, 8, 9, 10]);
+    expect(from6.slice(0, 2).map((line) => line.ciphertext)).toEqual(ciphertexts.slice(6));
   });
 
   it('a rewrap that meets a version rotated in by another API seals under that version and counts against it', async () => {
