@@ -45,8 +45,11 @@ export interface BulkOutcome {
   readonly succeeded: number;
   /** Items whose line is empty (null with --ndjson): failed, not writable as a line, or never processed. */
   readonly failed: number;
-  /** `completed`, or `failed` for a batch that failed after its upload: its results are written all the same. */
-  readonly status: string;
+  /**
+   * `completed`, or `failed` for a batch that failed after its upload: the results of its chunks
+   * that ran are written all the same (a batch that failed during its upload throws).
+   */
+  readonly status: 'completed' | 'failed';
   /** Why the batch failed, if it did. */
   readonly error?: { readonly code: string; readonly message: string };
   /** Items of the chunks a failed batch never ran (their lines are KF_ITEM_NOT_PROCESSED, not listed one by one). */

@@ -149,8 +149,8 @@ batch
     const client = clientOf(command);
     const file = opts.out;
     // Opened before anything is fetched, so a path that cannot be written fails at once, plainly;
-    // but emptied only once the service answers with results: a mistyped, failed or deleted
-    // batch leaves a file that was there as it was.
+    // but emptied only once the service answers with results: a mistyped or deleted batch, or
+    // one that failed during its upload, leaves a file that was there as it was.
     const opened = file ? await openOutput(file) : undefined;
     const out = opened?.stream ?? process.stdout;
     // Only a regular file has anything to empty (a FIFO, /dev/null, a terminal cannot be

@@ -126,7 +126,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     return publicStatus(await readableBatch(app, request, request.params.id));
   });
 
-  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until the batch has ended; of a failed batch, KF_ITEM_NOT_PROCESSED for the items that never ran); `from` resumes at an item', params: batchParams, querystring: resultsQuery, docs: { responses: { 200: resultsAnswer, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND', 'KF_BATCH_NOT_READY', 'KF_BATCH_FAILED', 'KF_BATCH_DELETED') } } } }, async (request, reply) => {
+  r.get('/v1/batches/:id/results', { schema: { tags, summary: 'Results as NDJSON in input order: {"i","ciphertext"|"plaintext"|"error"} per line (409 until the batch has ended, and for one that failed during its upload; of one that failed later, KF_ITEM_NOT_PROCESSED for the items that never ran); `from` resumes at an item', params: batchParams, querystring: resultsQuery, docs: { responses: { 200: resultsAnswer, '4xx': errorResponse, ...errorAnswers('KF_BATCH_NOT_FOUND', 'KF_BATCH_NOT_READY', 'KF_BATCH_FAILED', 'KF_BATCH_DELETED') } } } }, async (request, reply) => {
     const batch = await readableBatch(app, request, request.params.id);
     if (batch.deleted) throw new KeyfleetError('KF_BATCH_DELETED');
     // A failed batch never completes: a caller waiting on KF_BATCH_NOT_READY would wait for ever.
@@ -147,7 +147,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     // The first chunk is read before the answer starts, so that a batch deleted since the check
     // above is still a 410; one deleted later cuts the download short.
     const layout = await batches.chunkLayout(batch);
-    const ran = batch.status === 'failed' ? await batches.chunksRan(batch.id) : () => true;
+    const ran = batch.status === 'failed' ? await chunksThatRan(batches, batch, layout) : () => true;
     const start = startOf(batch, layout, request.query.from);
     const first = start && ran(start.chunk) ? (await batches.readResults(batch.id, start.chunk)).take() : null;
     if (start && ran(start.chunk) && !first) throw new KeyfleetError('KF_BATCH_DELETED');
@@ -234,6 +234,19 @@ function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk
   if (from >= batch.total) return undefined;
   const chunk = layout.chunkOf(from);
   return { chunk, skip: from - layout.firstIndex(chunk) };
+}
+
+/**
+ * Which chunks of a failed batch ran. Their items must add up to what the batch processed: a
+ * bitmap gone since the record was read (deleted, or evicted) would otherwise mark every item
+ * as never processed, where the truth is that the results are gone.
+ */
+async function chunksThatRan(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout): Promise<(chunk: number) => boolean> {
+  const ran = await batches.chunksRan(batch.id);
+  let items = 0;
+  for (let chunk = 0; chunk < batch.chunks; chunk++) if (ran(chunk)) items += (chunk + 1 < batch.chunks ? layout.firstIndex(chunk + 1) : batch.total) - layout.firstIndex(chunk);
+  if (items !== batch.processed) throw new KeyfleetError('KF_BATCH_DELETED');
+  return ran;
 }
 
 /**

@@ -10,7 +10,7 @@ import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
 import { runCli } from '../helpers/cli.js';
 import { freePort, tcpProxy } from '../helpers/net.js';
-import { type ApiProcess, startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
+import { type ApiProcess, startApi, startApiAndWorker, startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // No key cache: a rotation done through the API shows in the worker's next chunk (by default within KEY_CACHE_TTL_MS).
 // The worker at its production scheduling (tests default to normal priority), checked below.
@@ -210,13 +210,24 @@ describe('the keyfleet CLI', () => {
     // One thread, one chunk at a time, in order: chunks of 4, 4 and 3 under a nonce budget of 10,
     // so the third is refused and the batch fails once its first two have run.
     const own = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '4', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
-    const [budgetApi, budgetWorker] = await startApiAndWorker(own.env);
+    const budgetApi = await startApi(own.env);
+    let budgetWorker: RunningProcess | undefined;
     try {
-      const run = (args: string[]) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: budgetApi.url, KEYFLEET_TOKEN: own.admin.token } });
+      const run = (args: string[], started?: (child: ChildProcess) => void) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: budgetApi.url, KEYFLEET_TOKEN: own.admin.token }, ...(started ? { started } : {}) });
       expect((await run(['keys', 'create', 'budget'])).code).toBe(0);
       const serials = Array.from({ length: 11 }, (_, i) => `BUDGET-${i + 1}`);
       writeFileSync(path('budget.txt'), serials.join('\n') + '\n');
-      const { code, stderr } = await run(['encrypt', '--key', 'budget', '--in', 'budget.txt', '--out', 'budget.enc']);
+      // The worker starts once the upload is accepted (whole): a chunk refused while the upload
+      // still arrived would fail the upload instead.
+      let accepted: () => void = () => {};
+      const upload = new Promise<void>((resolve) => (accepted = resolve));
+      const encrypting = run(['encrypt', '--key', 'budget', '--in', 'budget.txt', '--out', 'budget.enc'], (child) => {
+        let seen = '';
+        child.stderr!.on('data', (d) => (seen += d) && seen.includes(' accepted, ') && accepted());
+      });
+      await Promise.race([upload, encrypting]);
+      budgetWorker = await startWorker(own.env);
+      const { code, stderr } = await encrypting;
       expect(code, stderr).toBe(1);
       const out = readFileSync(path('budget.enc'), 'utf8').split('\n');
       expect(out).toHaveLength(12);
@@ -232,7 +243,7 @@ describe('the keyfleet CLI', () => {
       expect((await run(['decrypt', '--key', 'budget', '--in', 'budget-made.enc', '--out', 'budget-made.dec'])).code).toBe(0);
       expect(readFileSync(path('budget-made.dec'), 'utf8')).toBe(serials.slice(0, 8).join('\n') + '\n');
     } finally {
-      await Promise.all([budgetWorker.stop(), budgetApi.stop()]);
+      await Promise.all([budgetWorker?.stop(), budgetApi.stop()]);
     }
   });
 

@@ -49,6 +49,18 @@ describe('chunk accounting', () => {
     await Promise.all(ids.map((id) => store.cancel(id)));
   });
 
+  it('tells which chunks ran from the done bitmap, past its first byte too, and keeps it when the batch fails', async () => {
+    const id = await batchWithChunks(20);
+    const done = [0, 7, 8, 15, 19];
+    for (const c of done) await store.completeChunk(id, c, outcome(10, `chunk ${c}\n`));
+    await store.fail(id, 'KF_CHUNK_FAILED');
+    const ran = await store.chunksRan(id);
+    expect(Array.from({ length: 24 }, (_, c) => c).filter(ran)).toEqual(done);
+    expect((await store.get(id))!).toMatchObject({ status: 'failed', processed: 50 });
+    // A bitmap that is gone reads as no chunk run.
+    expect(Array.from({ length: 20 }, (_, c) => c).filter(await store.chunksRan('no-such-batch'))).toEqual([]);
+  });
+
   it('a chunk completed twice (a retry after a crash) counts once and keeps the first results', async () => {
     const id = await batchWithChunks(2);
     expect(await store.seal(id)).toBe('progress');

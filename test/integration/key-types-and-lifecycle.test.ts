@@ -289,9 +289,10 @@ describe('nonce budget and automatic rotation', () => {
 
     // In a batch, a chunk of 11 items under a fresh key with a budget of 10.
     await call(app, admin, 'POST', '/v1/keys/edge-batch');
-    workers.push(await startWorker(env));
     const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=edge-batch', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: Array(11).fill('"z"').join('\n') + '\n' });
     expect(upload.statusCode).toBe(202);
+    // Started once the upload is whole: a chunk refused while it still arrived would fail the upload.
+    workers.push(await startWorker(env));
     const ended = await waitFor(app, admin, upload.json().batchId);
     expect(ended).toMatchObject({ status: 'failed', error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
     // Its one chunk never ran: each item's line says so, in order, and none is a ciphertext.
@@ -306,10 +307,11 @@ describe('nonce budget and automatic rotation', () => {
     const { env, admin } = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '4', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
     const app = await api(env);
     await call(app, admin, 'POST', '/v1/keys/partial');
-    workers.push(await startWorker(env));
     const items = Array.from({ length: 11 }, (_, i) => `serial-${i}`);
     const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=partial', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: items.map((item) => JSON.stringify(item)).join('\n') + '\n' });
     expect(upload.statusCode).toBe(202);
+    // Started once the upload is whole (as above).
+    workers.push(await startWorker(env));
     const ended = await waitFor(app, admin, upload.json().batchId);
     expect(ended).toMatchObject({ status: 'failed', total: 11, processed: 8, succeeded: 8, failed: 0, error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
 
@@ -326,6 +328,12 @@ describe('nonce budget and automatic rotation', () => {
     const from6 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=6`)).body.trim().split('\n').map((l) => JSON.parse(l));
     expect(from6.map((line) => line.i)).toEqual([6, 7, 8, 9, 10]);
     expect(from6.slice(0, 2).map((line) => line.ciphertext)).toEqual(ciphertexts.slice(6));
+
+    // Which chunks ran is lost (the bitmap evicted, or deleted under the download): the results
+    // are gone, not the items unprocessed.
+    await redis.del(`${env['KEYFLEET_PREFIX']}:batch:${ended.id}:done`);
+    const gone = await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=9`);
+    expect([gone.statusCode, gone.json().error.code]).toEqual([410, 'KF_BATCH_DELETED']);
   });
 
   it('a rewrap that meets a version rotated in by another API seals under that version and counts against it', async () => {

@@ -5,7 +5,7 @@ import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/c
 import { KeyRing } from '../../shared/crypto/key-ring.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
 import { formatCiphertext } from '../../shared/crypto/format.js';
-import { asciiJson, RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERROR_JSON, RESULT_ERRORS, RESULTS_FORMAT, resultLines, ResultWriter } from '../../shared/result-codec.js';
+import { asciiJson, RECORD_CIPHERTEXT, RECORD_ERROR, RECORD_PLAINTEXT_BASE64, RECORD_PLAINTEXT_UTF8, RESULT_ERROR_JSON, RESULT_ERRORS, RESULTS_FORMAT, notProcessedLines, resultLines, ResultWriter } from '../../shared/result-codec.js';
 import { CATALOGUE } from '../../shared/errors.js';
 import { seededRandom } from '../helpers/seeded.js';
 
@@ -177,5 +177,16 @@ describe('item errors as the kernels write them', () => {
     expect(/^[\x20-\x7e]*$/.test(json)).toBe(true);
     expect(json).toContain('\\u2019');
     expect(JSON.parse(json)).toEqual(message);
+  });
+});
+
+describe('the lines of items a failed batch never processed', () => {
+  it('are one KF_ITEM_NOT_PROCESSED line per item from `from` to `to`, in pieces split between lines', () => {
+    const pieces = [...notProcessedLines(5, 1_005, 4096)];
+    expect(pieces.length).toBeGreaterThan(1);
+    expect(pieces.every((piece) => piece.at(-1) === 0x0a && piece.length <= 4096 + 200)).toBe(true);
+    const lines = Buffer.concat(pieces).toString('utf8').trimEnd().split('\n').map((line) => JSON.parse(line));
+    expect(lines).toEqual(Array.from({ length: 1_000 }, (_, k) => ({ i: 5 + k, error: { code: 'KF_ITEM_NOT_PROCESSED', message: CATALOGUE.KF_ITEM_NOT_PROCESSED.message } })));
+    expect([...notProcessedLines(7, 7)]).toEqual([]);
   });
 });
