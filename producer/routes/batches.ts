@@ -236,6 +236,9 @@ function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk
   return { chunk, skip: from - layout.firstIndex(chunk) };
 }
 
+/** The index after the chunk's last item. */
+const chunkEnd = (batch: BatchRecord, layout: ChunkLayout, chunk: number): number => (chunk + 1 < batch.chunks ? layout.firstIndex(chunk + 1) : batch.total);
+
 /**
  * Which chunks of a failed batch ran. Their items must add up to what the batch processed: a
  * bitmap gone since the record was read (deleted, or evicted) would otherwise mark every item
@@ -244,7 +247,7 @@ function startOf(batch: BatchRecord, layout: ChunkLayout, from: number): { chunk
 async function chunksThatRan(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout): Promise<(chunk: number) => boolean> {
   const ran = await batches.chunksRan(batch.id);
   let items = 0;
-  for (let chunk = 0; chunk < batch.chunks; chunk++) if (ran(chunk)) items += (chunk + 1 < batch.chunks ? layout.firstIndex(chunk + 1) : batch.total) - layout.firstIndex(chunk);
+  for (let chunk = 0; chunk < batch.chunks; chunk++) if (ran(chunk)) items += chunkEnd(batch, layout, chunk) - layout.firstIndex(chunk);
   if (items !== batch.processed) throw new KeyfleetError('KF_BATCH_DELETED');
   return ran;
 }
@@ -256,13 +259,12 @@ async function chunksThatRan(batches: BatchStore, batch: BatchRecord, layout: Ch
  */
 async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, ran: (chunk: number) => boolean, start: { chunk: number; skip: number }, first: Handover<Buffer | null>, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks } = batch;
-  const nothing = Promise.resolve(new Handover<Buffer | null>(null));
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
   // Its results come in a handover, so that the promises around it do not keep them (shared/handover.ts).
   const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
-    if (!ran(chunk)) return nothing;
+    if (!ran(chunk)) return Promise.resolve(new Handover<Buffer | null>(null));
     const read = batches.readResults(id, chunk);
     read.catch(() => {});
     return read;
@@ -273,7 +275,7 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: Ch
     const current = (await next!).take();
     next = readAhead(chunk + 1);
     const firstIndex = layout.firstIndex(chunk);
-    if (!ran(chunk)) yield* notProcessedLines(firstIndex + skip, chunk + 1 < chunks ? layout.firstIndex(chunk + 1) : batch.total);
+    if (!ran(chunk)) yield* notProcessedLines(firstIndex + skip, chunkEnd(batch, layout, chunk));
     else if (!current) throw new Error(`batch ${id}: results of chunk ${chunk} are gone (deleted or expired)`);
     else yield* resultLines(current, firstIndex, skip, formatter);
     skip = 0;

@@ -302,9 +302,10 @@ describe('nonce budget and automatic rotation', () => {
   });
 
   it('gives the results of a failed batch\'s chunks that ran, and KF_ITEM_NOT_PROCESSED for the items of the others', async () => {
-    // One thread, one chunk at a time, in order: chunks of 4, 4 and 3 items under a budget of 10,
-    // so the first two run and the third is refused whole, failing the batch once it is sealed.
-    const { env, admin } = testEnv({ NONCE_LIMIT: '10', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '4', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
+    // One thread, one chunk at a time, in order: chunks of 3, 3, 3 and 2 items under a budget of
+    // 7, so the first two run, the third is refused whole and fails the batch, and the last, after
+    // it, finds the batch ended.
+    const { env, admin } = testEnv({ NONCE_LIMIT: '7', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '3', WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
     const app = await api(env);
     await call(app, admin, 'POST', '/v1/keys/partial');
     const items = Array.from({ length: 11 }, (_, i) => `serial-${i}`);
@@ -313,21 +314,21 @@ describe('nonce budget and automatic rotation', () => {
     // Started once the upload is whole (as above).
     workers.push(await startWorker(env));
     const ended = await waitFor(app, admin, upload.json().batchId);
-    expect(ended).toMatchObject({ status: 'failed', total: 11, processed: 8, succeeded: 8, failed: 0, error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
+    expect(ended).toMatchObject({ status: 'failed', total: 11, processed: 6, succeeded: 6, failed: 0, error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
 
     const lines = await batchResults(app, admin, ended.id);
     expect(lines.map((line) => line.i)).toEqual(items.map((_, i) => i));
-    expect(lines.slice(8)).toEqual([8, 9, 10].map((i) => ({ i, error: { code: 'KF_ITEM_NOT_PROCESSED', message: 'the batch failed before this item was processed (its status says why)' } })));
-    const ciphertexts = lines.slice(0, 8).map((line) => line.ciphertext as string);
+    expect(lines.slice(6)).toEqual([6, 7, 8, 9, 10].map((i) => ({ i, error: { code: 'KF_ITEM_NOT_PROCESSED', message: 'the batch failed before this item was processed (its status says why)' } })));
+    const ciphertexts = lines.slice(0, 6).map((line) => line.ciphertext as string);
     expect(ciphertexts.every((c) => c.startsWith('kf:v1:'))).toBe(true);
-    expect((await results(app, admin, 'decrypt', 'partial', { items: ciphertexts })).map((r) => r.plaintext)).toEqual(items.slice(0, 8));
+    expect((await results(app, admin, 'decrypt', 'partial', { items: ciphertexts })).map((r) => r.plaintext)).toEqual(items.slice(0, 6));
 
-    // `from` inside the chunk that never ran, and inside one that did.
-    const from9 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=9`)).body.trim().split('\n').map((l) => JSON.parse(l));
-    expect(from9.map((line) => [line.i, line.error?.code])).toEqual([[9, 'KF_ITEM_NOT_PROCESSED'], [10, 'KF_ITEM_NOT_PROCESSED']]);
-    const from6 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=6`)).body.trim().split('\n').map((l) => JSON.parse(l));
-    expect(from6.map((line) => line.i)).toEqual([6, 7, 8, 9, 10]);
-    expect(from6.slice(0, 2).map((line) => line.ciphertext)).toEqual(ciphertexts.slice(6));
+    // `from` inside a chunk that never ran, and inside one that did.
+    const from7 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=7`)).body.trim().split('\n').map((l) => JSON.parse(l));
+    expect(from7.map((line) => [line.i, line.error?.code])).toEqual([7, 8, 9, 10].map((i) => [i, 'KF_ITEM_NOT_PROCESSED']));
+    const from4 = (await call(app, admin, 'GET', `/v1/batches/${ended.id}/results?from=4`)).body.trim().split('\n').map((l) => JSON.parse(l));
+    expect(from4.map((line) => line.i)).toEqual([4, 5, 6, 7, 8, 9, 10]);
+    expect(from4.slice(0, 2).map((line) => line.ciphertext)).toEqual(ciphertexts.slice(4));
 
     // Which chunks ran is lost (the bitmap evicted, or deleted under the download): the results
     // are gone, not the items unprocessed.
