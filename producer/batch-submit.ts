@@ -46,7 +46,7 @@ export async function submitBatch(
     }
   } catch (err) {
     const error = err instanceof KeyfleetError ? err : isAbort(err) ? new KeyfleetError('KF_UPLOAD_ABORTED', undefined, { cause: err }) : undefined;
-    if (await batches.fail(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) {
+    if (await batches.failUpload(batchId, error?.code ?? 'KF_UPLOAD_ABORTED').catch(() => false)) {
       app.services.metrics.batches.inc({ event: 'failed' });
       app.services.webhooks.deliver(batches, batchId);
     }

@@ -151,14 +151,16 @@ redis.call('UNLINK', ARGV[4] .. ':added')
 ${completeWhenDone({ now: 'ARGV[1]', channel: 'ARGV[2]', ttl: 'ARGV[3]', done: 'KEYS[3]', base: 'ARGV[4]' })}`;
 
 /**
- * KEYS meta, backlog, upload, done · ARGV code, message, now, channel, onlyIfAbandoned, base, ttl.
- * With onlyIfAbandoned = '1' it fails the batch only if its upload was abandoned: unsealed,
- * no live upload lease. The inputs not yet run are deleted; results already made stay to their TTL.
+ * KEYS meta, backlog, upload, done · ARGV code, message, now, channel, onlyIf, base, ttl.
+ * onlyIf: '0' fails the batch while it is open; 'unsealed' only while its upload is not sealed;
+ * 'abandoned' only if its upload was abandoned as well (no live upload lease). The inputs not
+ * yet run are deleted; results already made stay to their TTL.
  */
 const FAIL = `
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status or status == 'completed' or status == 'failed' or status == 'cancelled' then return 0 end
-if ARGV[5] == '1' and (redis.call('HGET', KEYS[1], 'sealed') == '1' or redis.call('EXISTS', KEYS[3]) == 1) then return 0 end
+if ARGV[5] ~= '0' and redis.call('HGET', KEYS[1], 'sealed') == '1' then return 0 end
+if ARGV[5] == 'abandoned' and redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 ${failOpenBatch({ backlog: 'KEYS[2]', upload: 'KEYS[3]', done: 'KEYS[4]', code: 'ARGV[1]', message: 'ARGV[2]', now: 'ARGV[3]', channel: 'ARGV[4]', base: 'ARGV[6]', ttl: 'ARGV[7]' })}
 return 1`;
 
@@ -225,7 +227,7 @@ declare module 'ioredis' {
     kfChunkComplete(meta: string, input: string, result: string, done: string, backlog: string, staged: string, chunk: number, count: number, succeeded: number, failed: number, ttl: number, now: string, channel: string, openTtl: number, chunkTtl: number, base: string): Result<number, Context>;
     kfChunkSettle(meta: string, input: string, done: string, backlog: string, upload: string, chunk: number, count: number, code: string, message: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
     kfBatchSeal(meta: string, upload: string, done: string, now: string, channel: string, ttl: number, base: string): Result<number, Context>;
-    kfBatchFail(meta: string, backlog: string, upload: string, done: string, code: string, message: string, now: string, channel: string, onlyIfAbandoned: '0' | '1', base: string, ttl: number): Result<number, Context>;
+    kfBatchFail(meta: string, backlog: string, upload: string, done: string, code: string, message: string, now: string, channel: string, onlyIf: '0' | 'unsealed' | 'abandoned', base: string, ttl: number): Result<number, Context>;
     kfBatchCancel(meta: string, done: string, backlog: string, upload: string, now: string, channel: string, base: string, ttl: number): Result<number, Context>;
   }
 }

@@ -186,9 +186,15 @@ export class BatchStore {
 
   /** Fails the batch as KF_UPLOAD_ABORTED if its upload was abandoned (unsealed, lease lapsed). */
   async failIfAbandoned(id: string): Promise<boolean> {
-    const k = this.#keys;
-    const message = 'the upload stopped before it was complete (its connection or API process died); nothing of it was processed as complete';
-    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), 'KF_UPLOAD_ABORTED', message, new Date().toISOString(), k.batchEvents(id), '1', k.batch(id), this.#ttl)) === 1;
+    return this.#fail(id, 'KF_UPLOAD_ABORTED', 'the upload stopped before it was complete (its connection or API process died); nothing of it was processed as complete', 'abandoned');
+  }
+
+  /**
+   * Fails the batch for its upload's error, unless the upload was sealed after all: a seal whose
+   * reply was lost leaves a whole batch, which runs, and does not end as an aborted upload.
+   */
+  async failUpload(id: string, code: ErrorCode): Promise<boolean> {
+    return this.#fail(id, code, CATALOGUE[code].message, 'unsealed');
   }
 
   /** Items stored and not yet processed, over every batch. */
@@ -286,8 +292,12 @@ export class BatchStore {
 
   /** Ends a batch as failed (once); later chunk completions are ignored. */
   async fail(id: string, code: ErrorCode, message: string = CATALOGUE[code].message): Promise<boolean> {
+    return this.#fail(id, code, message, '0');
+  }
+
+  async #fail(id: string, code: ErrorCode, message: string, onlyIf: '0' | 'unsealed' | 'abandoned'): Promise<boolean> {
     const k = this.#keys;
-    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), code, message, new Date().toISOString(), k.batchEvents(id), '0', k.batch(id), this.#ttl)) === 1;
+    return (await this.#redis.kfBatchFail(k.batch(id), k.backlogItems(), k.batchUpload(id), k.batchDone(id), code, message, new Date().toISOString(), k.batchEvents(id), onlyIf, k.batch(id), this.#ttl)) === 1;
   }
 
   /**

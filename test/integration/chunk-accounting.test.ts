@@ -97,6 +97,21 @@ describe('chunk accounting', () => {
     await subscriber.unsubscribe();
   });
 
+  it('fails a batch for its upload\'s error only while unsealed: a seal whose reply was lost leaves a batch that runs', async () => {
+    const cut = await batchWithChunks(2);
+    expect(await store.failUpload(cut, 'KF_UPLOAD_ABORTED')).toBe(true);
+    expect((await store.get(cut))!).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
+    const sealed = await batchWithChunks(2);
+    expect(await store.seal(sealed)).toBe('progress');
+    expect(await store.failUpload(sealed, 'KF_UPLOAD_ABORTED')).toBe(false);
+    expect(await store.completeChunk(sealed, 0, outcome(10, 'a\n'))).toBe('progress');
+    expect(await store.completeChunk(sealed, 1, outcome(10, 'b\n'))).toBe('completed');
+    // A worker's failure still ends a sealed batch.
+    const failing = await batchWithChunks(1);
+    await store.seal(failing);
+    expect(await store.fail(failing, 'KF_CHUNK_FAILED')).toBe(true);
+  });
+
   it('a batch that is never sealed (upload cut short) never completes', async () => {
     const id = await batchWithChunks(1);
     await store.completeChunk(id, 0, outcome(10, 'a\n'));
