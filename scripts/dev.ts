@@ -9,7 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { shownRedisUrl } from '../shared/config.js';
+import { redisUrls, shownRedisUrl } from '../shared/config.js';
 import { freePort, portInUse, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -89,7 +89,7 @@ let secrets: DevSecrets | undefined;
 const dev = (): DevSecrets => (secrets ??= devSecrets());
 let redisUrl = process.env['REDIS_URL'] ?? 'redis://127.0.0.1:6379';
 // A cluster's seed list (REDIS_CLUSTER=true) is probed at its first node.
-if (!(await redisAnswers(redisUrl.split(/,(?=\s*rediss?:\/\/)/i)[0]!.trim()))) {
+if (!(await redisAnswers(redisUrls(redisUrl)[0]!))) {
   // A Redis named on purpose is not swapped for a throwaway one: a mistyped URL would otherwise
   // run on data that goes nowhere the user meant.
   if (process.env['REDIS_URL'] !== undefined) await giveUp(new Error(`no Redis answers at REDIS_URL (${shownRedisUrl(redisUrl)}): start it or correct the URL, or unset REDIS_URL to have npm start run a redis-server of its own`));

@@ -61,8 +61,13 @@ function namedDatabases(url: string): string[] {
 
 const isDatabase = (db: string): boolean => /^\d{1,10}$/.test(db) && Number(db) <= MAX_REDIS_DATABASE;
 
-/** The URLs of a REDIS_URL that passed its format check (no raw comma or space within a URL). */
-const redisUrls = (value: string): string[] => value.split(',').map((url) => url.trim());
+/**
+ * A REDIS_URL's node URLs (one, or a cluster's seeds) as written, split only where the next URL
+ * begins: a raw comma in a password, which the format check refuses, stays within its URL.
+ */
+const seedsAsWritten = (value: string): string[] => value.split(/,(?=\s*rediss?:\/\/)/i);
+/** A REDIS_URL's node URLs, trimmed (npm start probes the first before the format is checked). */
+export const redisUrls = (value: string): string[] => seedsAsWritten(value).map((url) => url.trim());
 
 const envSchema = z.object({
   /** The Redis (for a cluster, its seed nodes, comma-separated). Refused when empty: REFUSED_EMPTY. */
@@ -265,8 +270,7 @@ const SECRET_VARIABLES = new Set(['KEYFLEET_MASTER_KEY', 'KEYFLEET_MASTER_KEY_PR
  * raw comma showed its pieces. Nor need a URL have its //: `redis:/:password@host` hides it too.
  */
 export const shownRedisUrl = (value: string): string =>
-  value
-    .split(/,(?=\s*rediss?:\/\/)/i)
+  seedsAsWritten(value)
     .map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@'))
     .join(',');
 const shown = (name: string, value: string | undefined): string => JSON.stringify(name === 'REDIS_URL' && value ? shownRedisUrl(value) : value);

@@ -94,8 +94,9 @@ export class WebhookSender {
    */
   enqueue(batches: BatchStore, batchId: string): Promise<void> {
     if (this.#closing) return Promise.resolve();
+    const enqueued = this.#enqueue(batches, batchId);
     // Without a secret only a warning is at stake, not worth a chunk's rerun: its failure goes unsaid.
-    const run = this.#options.secret ? this.#enqueue(batches, batchId) : this.#enqueue(batches, batchId).catch(() => {});
+    const run = this.#options.secret ? enqueued : enqueued.catch(() => {});
     const settled = run.catch(() => {});
     this.#inFlight.add(settled);
     void settled.finally(() => this.#inFlight.delete(settled));
