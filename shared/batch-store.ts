@@ -42,6 +42,14 @@ export interface BatchRecord extends BatchStatusBody {
  */
 export type ChunkCompletion = 'progress' | 'completed' | 'duplicate' | 'batch-gone' | 'batch-ended' | 'input-lost';
 
+/** What a chunk's job says of its batch (startChunk holds it against the batch's record). */
+export interface ChunkJobClaims {
+  readonly tenant: string;
+  readonly op: BatchOp;
+  readonly key: string;
+  readonly encoding: Encoding;
+}
+
 const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended', '3': 'input-lost' };
 
 const ENDED_DURING_UPLOAD = 'the batch ended (cancelled or failed) during its upload';
@@ -220,14 +228,21 @@ export class BatchStore {
    * became of it. A chunk whose batch is gone (expired or deleted under its queued job) takes
    * its items out of the backlog here, once however often its job runs; one whose input
    * expired while its batch was open fails the batch (`input-lost`).
+   *
+   * `job` is what the chunk's job says of its batch. A job's data can be edited (Bull Board's
+   * actions, where they are on): a job whose tenant, op, key or encoding is not its batch's
+   * is `job-mismatch`, and its input stays closed (else an edited job could open one tenant's
+   * batch under another's key).
    */
-  async startChunk(id: string, chunk: number, count: number): Promise<Buffer | ChunkCompletion> {
+  async startChunk(id: string, chunk: number, count: number, job: ChunkJobClaims): Promise<Buffer | ChunkCompletion | 'job-mismatch'> {
     const k = this.#keys;
     // One transaction: an input seen missing while the record exists is not a batch expiring in between.
-    const [status, sealed] = ((await this.#redis.multi().hget(k.batch(id), 'status').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
+    const [record, sealed] = ((await this.#redis.multi().hmget(k.batch(id), 'status', 'tenant', 'op', 'key', 'encoding').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
       if (err) throw err;
       return value;
-    }) as [string | null, Buffer | null];
+    }) as [Array<string | null>, Buffer | null];
+    const [status, tenant, op, key, encoding] = record;
+    if (status && (tenant !== job.tenant || op !== job.op || key !== job.key || encoding !== job.encoding)) return 'job-mismatch';
     if (status && sealed) return this.#sealer.open('batch', id, `in:${chunk}`, sealed);
     const message = `the input of chunk ${chunk} expired before the chunk ran (it waited more than ${this.#chunkTtl} s)`;
     const settled = await this.#redis.kfChunkSettle(k.batch(id), k.batchInput(id, chunk), k.batchDone(id), k.backlogItems(), k.batchUpload(id),

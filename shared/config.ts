@@ -215,6 +215,12 @@ const envSchema = z.object({
    * /metrics counts and times every request by route and status anyway.
    */
   LOG_REQUESTS: z.enum(['true', 'false', '1', '0']).default('false'),
+  /**
+   * `true`: Bull Board's actions (pause, retry, add, edit, clean and remove jobs, empty a queue)
+   * work for admin tokens. Off by default, the board only shows: removing or emptying chunk jobs
+   * leaves their batches running for ever, and a chunk job's data says what a worker runs.
+   */
+  BULL_BOARD_ACTIONS: z.enum(['true', 'false', '1', '0']).default('false'),
 });
 
 export interface Config {
@@ -254,6 +260,7 @@ export interface Config {
   readonly kernel: 'auto' | 'native' | 'js';
   readonly logLevel: z.infer<typeof envSchema>['LOG_LEVEL'];
   readonly logRequests: boolean;
+  readonly bullBoardActions: boolean;
 }
 
 export class ConfigError extends Error {
@@ -364,6 +371,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env, required: rea
     kernel: e.KEYFLEET_KERNEL,
     logLevel: e.LOG_LEVEL,
     logRequests: e.LOG_REQUESTS === 'true' || e.LOG_REQUESTS === '1',
+    bullBoardActions: e.BULL_BOARD_ACTIONS === 'true' || e.BULL_BOARD_ACTIONS === '1',
   });
 }
 

@@ -50,7 +50,10 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     const log = logger.child({ batchId: data.batchId, chunk: data.chunk, jobId: job.id, ...(data.requestId ? { requestId: data.requestId } : {}) });
     const stopTimer = metrics.chunkDuration.startTimer({ op: data.op });
 
-    const input = await batches.startChunk(data.batchId, data.chunk, data.count);
+    const input = await batches.startChunk(data.batchId, data.chunk, data.count, data);
+    // Its batch fails for it (the failed handler): the batch the job names, which is the one
+    // whose record it was held against.
+    if (input === 'job-mismatch') throw new UnrecoverableError('the chunk job does not match its batch (tenant, op, key or encoding): it was not run');
     if (!Buffer.isBuffer(input)) {
       // Counted already (a rerun), the batch cancelled or failed, or gone (expired or deleted
       // under this job: startChunk took its items out of the backlog), or its input expired.

@@ -8,7 +8,7 @@ export const ADMIN_PATH = '/admin/queues';
 /**
  * Bull Board at /admin/queues for `admin` tokens only. A browser signs in with HTTP Basic (any
  * user name, the token as password). Jobs show batch ids and chunk numbers, never items: chunk
- * inputs live in Redis hashes that the board does not read.
+ * inputs live in Redis hashes that the board does not read. Read-only unless BULL_BOARD_ACTIONS.
  *
  * The board is loaded on its first request, not at start: its modules (lodash, its templates and
  * static-file serving among them) took 4–10 MB of every API replica's memory at rest, for a page
@@ -52,7 +52,7 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
   app.addHook('onClose', async () => (await board?.catch(() => undefined))?.close());
   const handler = async (request: FastifyRequest, reply: FastifyReply) => {
     board ??= import('./bull-board.js')
-      .then(({ buildBoard }) => buildBoard(ADMIN_PATH, { chunks: app.services.queue, webhooks: app.services.webhookQueue }, limitsOf(app)))
+      .then(({ buildBoard }) => buildBoard(ADMIN_PATH, { chunks: app.services.queue, webhooks: app.services.webhookQueue }, limitsOf(app), app.keyfleet.bullBoardActions))
       .catch((err: unknown) => {
         board = undefined; // the next request tries again
         throw err;

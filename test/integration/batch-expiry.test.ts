@@ -137,11 +137,12 @@ describe('batch lifetimes', () => {
 describe('chunks of a batch that is gone', () => {
   const sealer = new AtRestSealer(randomBytes(32));
   const outcome = (count: number) => ({ count, succeeded: count, failed: 0, results: Buffer.from('r\n') });
+  const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' } as const;
   /** A sealed batch of three 10-item chunks whose record lives 2 s without news, under its own prefix (so its backlog counter is the test's alone). */
   const sealedBatchOfThreeChunks = async () => {
     const own = new RedisKeys(`{kft-expiry-${randomBytes(4).toString('hex')}}`);
     const store = new BatchStore(redis, own, { resultTtlSeconds: 60, openBatchTtlSeconds: 2, uploadIdleSeconds: 60, sealer });
-    const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
+    const id = await store.create({ ...job, chunkItems: 10 }, 1000);
     for (const c of [0, 1, 2]) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
     await store.seal(id);
     return { own, store, id };
@@ -150,19 +151,19 @@ describe('chunks of a batch that is gone', () => {
   it('a chunk whose batch record expired takes its items out of the backlog once, however often its job runs', async () => {
     const { own, store, id } = await sealedBatchOfThreeChunks();
     expect(await store.backlogItems()).toBe(30);
-    expect(Buffer.isBuffer(await store.startChunk(id, 0, 10))).toBe(true);
+    expect(Buffer.isBuffer(await store.startChunk(id, 0, 10, job))).toBe(true);
 
     await sleep(2_500); // the record expired (nothing happened for openBatchTtlSeconds); the inputs live twice as long
     expect(await store.get(id)).toBeUndefined();
-    expect(await store.startChunk(id, 0, 10)).toBe('batch-gone');
-    expect(await store.startChunk(id, 0, 10)).toBe('batch-gone'); // a retry of the same job
+    expect(await store.startChunk(id, 0, 10, job)).toBe('batch-gone');
+    expect(await store.startChunk(id, 0, 10, job)).toBe('batch-gone'); // a retry of the same job
     expect(await store.backlogItems()).toBe(20);
     // A chunk already running when its batch went: its completion subtracts instead, once too.
     expect(await store.completeChunk(id, 1, outcome(10))).toBe('batch-gone');
     expect(await store.completeChunk(id, 1, outcome(10))).toBe('batch-gone');
-    expect(await store.startChunk(id, 1, 10)).toBe('batch-gone');
+    expect(await store.startChunk(id, 1, 10, job)).toBe('batch-gone');
     expect(await store.backlogItems()).toBe(10);
-    expect(await store.startChunk(id, 2, 10)).toBe('batch-gone');
+    expect(await store.startChunk(id, 2, 10, job)).toBe('batch-gone');
     expect(await redis.get(own.backlogItems())).toBe('0');
     expect(await redis.keys(`${own.batch(id)}*`)).toEqual([]);
   });
@@ -180,7 +181,7 @@ describe('chunks of a batch that is gone', () => {
     expect(await store.backlogItems()).toBe(0);
     // Its record expires later; a rerun of a chunk then finds no input and subtracts nothing.
     await redis.del(own.batch(id));
-    expect(await store.startChunk(id, 0, 10)).toBe('batch-gone');
+    expect(await store.startChunk(id, 0, 10, job)).toBe('batch-gone');
     expect(await store.completeChunk(id, 0, outcome(10))).toBe('batch-gone');
     expect(await redis.get(own.backlogItems())).toBe('0');
   });

@@ -7,7 +7,8 @@ import { configFrom, testEnv } from '../helpers/env.js';
 import { startWorker, type RunningProcess } from '../helpers/processes.js';
 
 // Small chunks so a 100,000-item batch crosses many chunks and their ordering is exercised.
-const { env, admin, other, encryptOnly } = testEnv({ CHUNK_ITEMS: '7000', SYNC_MAX_ITEMS: '50' });
+// Bull Board's actions on: the board's tests below use them (it is read-only by default).
+const { env, admin, other, encryptOnly } = testEnv({ CHUNK_ITEMS: '7000', SYNC_MAX_ITEMS: '50', BULL_BOARD_ACTIONS: 'true' });
 let app: FastifyInstance;
 let worker: RunningProcess | undefined;
 let client: Client;
@@ -279,6 +280,68 @@ describe('batches', () => {
     expect([page.status, bytes > 0]).toEqual([200, true]);
     const head = await fetch(`${client.base}/admin/queues`, { method: 'HEAD', headers: auth });
     expect([head.status, head.headers.get('content-length')]).toEqual([200, String(bytes)]);
+  });
+
+  it('runs no chunk job edited to another tenant’s key through the board: its batch fails, and nothing is decrypted', async () => {
+    // Another tenant's secret, sealed under its own key.
+    const globex = new Client(client.base, other.token);
+    expect((await globex.json('POST', '/v1/keys/globex-only')).status).toBe(201);
+    const sealed = await globex.json('POST', '/v1/encrypt/globex-only', { items: ['globex-secret-1'] });
+    const ciphertext: string = sealed.body.results[0].ciphertext;
+    // An admin of acme queues a decrypt of it under one of acme's keys, holds the queue, and
+    // edits the job to name globex and its key.
+    const board = `/admin/queues/api/queues/${encodeURIComponent(app.services.queue.name)}`;
+    expect((await client.json('PUT', `${board}/pause`)).status).toBe(200);
+    let batchId: string;
+    try {
+      batchId = (await client.uploadNdjson('decrypt', 'serials', [ciphertext])).body.batchId;
+      const [job] = (await app.services.queue.getJobs(['waiting'])).filter((j) => j.data.batchId === batchId);
+      const edited = await client.json('PATCH', `${board}/${encodeURIComponent(job!.id!)}/update-data`, { jobData: { ...job!.data, tenant: other.tenant, key: 'globex-only' } });
+      expect(edited.status).toBe(200);
+      expect((await app.services.queue.getJob(job!.id!))!.data).toMatchObject({ tenant: other.tenant, key: 'globex-only' });
+    } finally {
+      expect((await client.json('PUT', `${board}/resume`)).status).toBe(200);
+    }
+    const ended = await client.waitForBatch(batchId);
+    expect(ended).toMatchObject({ status: 'failed', processed: 0, error: { code: 'KF_CHUNK_FAILED' } });
+    expect(ended.error.message).toMatch(/does not match its batch/);
+    const results = await fetch(`${client.base}/v1/batches/${batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
+    const text = await results.text();
+    expect(text).not.toContain('globex-secret-1');
+    expect(text.trim().split('\n').map((l) => JSON.parse(l).error?.code)).toEqual(['KF_ITEM_NOT_PROCESSED']);
+    // The secret is still there for its own tenant.
+    expect((await globex.json('POST', '/v1/decrypt/globex-only', { items: [ciphertext] })).body.results).toEqual([{ plaintext: 'globex-secret-1' }]);
+  });
+
+  it('keeps Bull Board read-only without BULL_BOARD_ACTIONS: every action is refused, and the board still shows the queues', async () => {
+    const readOnly = await buildApp({ config: configFrom({ ...env, BULL_BOARD_ACTIONS: 'false' }) });
+    try {
+      const viewer = new Client(await readOnly.listen({ host: '127.0.0.1', port: 0 }), admin.token);
+      const chunks = `/admin/queues/api/queues/${encodeURIComponent(app.services.queue.name)}`;
+      const webhooks = `/admin/queues/api/queues/${encodeURIComponent(app.services.webhookQueue.name)}`;
+      const before = await app.services.queue.getJobCounts();
+      const [done] = await app.services.queue.getJobs(['completed'], 0, 0);
+      const refused = [
+        await viewer.json('PUT', `${chunks}/pause`),
+        await viewer.json('PUT', `${webhooks}/pause`),
+        await viewer.json('POST', `${chunks}/add`, { name: 'board-check', data: {} }),
+        await viewer.json('PUT', `${chunks}/clean/completed`),
+        await viewer.json('PUT', `${chunks}/empty`),
+        await viewer.json('PATCH', `${chunks}/${encodeURIComponent(done!.id!)}/update-data`, { jobData: { ...done!.data, tenant: other.tenant } }),
+        await viewer.json('PUT', `${chunks}/${encodeURIComponent(done!.id!)}/clean`),
+      ];
+      expect(refused.map((r) => r.status)).toEqual(refused.map(() => 405));
+      expect([await app.services.queue.isPaused(), await app.services.webhookQueue.isPaused()]).toEqual([false, false]);
+      expect((await app.services.queue.getJob(done!.id!))!.data.tenant).toBe(admin.tenant);
+      expect((await app.services.queue.getJobCounts()).completed).toBeGreaterThanOrEqual(before.completed!);
+      const shown = await viewer.json('GET', '/admin/queues/api/queues?activeQueue=chunks&status=completed&page=1&jobsPerPage=5');
+      expect(shown.status).toBe(200);
+      expect(shown.body.queues.map((q: { name: string; readOnlyMode: boolean }) => [q.name, q.readOnlyMode])).toEqual(
+        expect.arrayContaining([[app.services.queue.name, true], [app.services.webhookQueue.name, true]]),
+      );
+    } finally {
+      await readOnly.close();
+    }
   });
 
   it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {

@@ -34,8 +34,11 @@ afterAll(async () => {
 
 const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, results: Buffer.from(lines) });
 
+/** What the jobs of `batchWithChunks`'s batches say of them. */
+const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' } as const;
+
 async function batchWithChunks(n: number): Promise<string> {
-  const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10 }, 1000);
+  const id = await store.create({ ...job, chunkItems: 10 }, 1000);
   for (let c = 0; c < n; c++) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
   return id;
 }
@@ -143,10 +146,21 @@ describe('chunk accounting', () => {
     expect(completion).toBe(-3);
     expect(await redis.getbit(keys.batchDone(id), 0)).toBe(0);
     // The job runs again: its input is still there, and this time the chunk counts.
-    expect(Buffer.isBuffer(await store.startChunk(id, 0, 10))).toBe(true);
+    expect(Buffer.isBuffer(await store.startChunk(id, 0, 10, job))).toBe(true);
     expect(await store.completeChunk(id, 0, outcome(10, 'again\n'))).toBe('completed');
     expect((await store.get(id))!).toMatchObject({ status: 'completed', processed: 10 });
     expect((await store.readResults(id, 0)).take()!.toString()).toBe('again\n');
+  });
+
+  it('opens no input for a job whose tenant, op, key or encoding is not its batch’s (an edited job), and still opens it for the job as made', async () => {
+    const id = await batchWithChunks(1);
+    await store.seal(id);
+    for (const edited of [{ tenant: 'other' }, { op: 'decrypt' }, { key: 'other' }, { encoding: 'base64' }] as const) {
+      expect(await store.startChunk(id, 0, 10, { ...job, ...edited })).toBe('job-mismatch');
+    }
+    const input = await store.startChunk(id, 0, 10, job);
+    expect(Buffer.isBuffer(input) && input.toString()).toBe('input-0');
+    expect((await store.get(id))!).toMatchObject({ status: 'queued', processed: 0 });
   });
 
   it('a run that finishes after its batch completed and was deleted counts nothing and brings no results back', async () => {
@@ -154,8 +168,8 @@ describe('chunk accounting', () => {
     await store.seal(id);
     const backlog = Number(await redis.get(keys.backlogItems()));
     // Two runs of chunk 1 hold its input: the job was taken again after its lock was lost.
-    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10))).toBe(true);
-    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10))).toBe(true);
+    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10, job))).toBe(true);
+    expect(Buffer.isBuffer(await store.startChunk(id, 1, 10, job))).toBe(true);
     await store.completeChunk(id, 0, outcome(10, 'a\n'));
     expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('completed');
     expect(await store.cancel(id)).toBe(false); // DELETE of a completed batch: its results go

@@ -27,6 +27,11 @@ describe('configuration', () => {
     expect(Object.isFrozen(config)).toBe(true);
   });
 
+  it('keeps Bull Board read-only unless BULL_BOARD_ACTIONS is true or 1', () => {
+    expect(['', 'false', '0', 'true', '1'].map((v) => loadConfig(v === '' ? {} : { BULL_BOARD_ACTIONS: v }).bullBoardActions)).toEqual([false, false, false, true, true]);
+    expect(errorOf({ BULL_BOARD_ACTIONS: 'yes' })).toMatch(/BULL_BOARD_ACTIONS: /);
+  });
+
   it('fails naming the variable, what it expected and what it got', () => {
     expect(() => loadConfig({ PORT: 'eighty' })).toThrow(/PORT: .*\(got "eighty"\)/);
     expect(() => loadConfig({ KEYFLEET_PREFIX: 'keyfleet' })).toThrow(/KEYFLEET_PREFIX: expected a hash tag/);
