@@ -172,6 +172,39 @@ describe('legacy CBC keys and the rewrap scope', () => {
   });
 });
 
+describe('convergent keys and the rewrap scope', () => {
+  it('rewrapping into a convergent key needs the decrypt scope too: rewrapped items would show which plaintexts are equal', async () => {
+    const made = testEnv();
+    const rewrapOnly = { tenant: made.admin.tenant, token: `tok_${randomBytes(16).toString('hex')}` };
+    const app = await api({ ...made.env, KEYFLEET_TOKENS: `${made.env['KEYFLEET_TOKENS']},${rewrapOnly.tenant}:${rewrapOnly.token}:rewrap+encrypt+keys+batches` });
+    const { admin } = made;
+    expect((await call(app, admin, 'POST', '/v1/keys/random')).statusCode).toBe(201);
+    expect((await call(app, admin, 'POST', '/v1/keys/pins', { convergent: true })).statusCode).toBe(201);
+    // Two items of the same plaintext, under a key with random nonces: unalike ciphertexts.
+    const sealed = (await results(app, admin, 'encrypt', 'random', { context: 'user-42', items: ['4821', '4821'] })).map((r) => r.ciphertext!);
+    expect(sealed[0]).not.toBe(sealed[1]);
+
+    const sync = await call(app, rewrapOnly, 'POST', '/v1/rewrap/random', { items: sealed, context: 'user-42', targetKey: 'pins' });
+    expect(sync.statusCode).toBe(403);
+    expect(sync.json().error).toMatchObject({ code: 'KF_FORBIDDEN', message: expect.stringMatching(/convergent key needs the decrypt scope/) });
+    expect(sync.body).not.toContain('kf:v1:');
+    const async = await call(app, rewrapOnly, 'POST', '/v1/rewrap/random', { items: sealed, context: 'user-42', targetKey: 'pins', mode: 'async' });
+    expect([async.statusCode, async.json().error.code]).toEqual([403, 'KF_FORBIDDEN']);
+    const batch = await call(app, rewrapOnly, 'POST', '/v1/batches?op=rewrap&key=random&targetKey=pins&context=user-42', sealed.map((c) => `"${c}"`).join('\n'), { 'content-type': 'application/x-ndjson' });
+    expect([batch.statusCode, batch.json().error.code]).toEqual([403, 'KF_FORBIDDEN']);
+    // The same key's own rewrap (to its latest version) seals under it too.
+    const pins = (await results(app, admin, 'encrypt', 'pins', { context: 'user-42', items: ['4821'] })).map((r) => r.ciphertext!);
+    expect((await call(app, rewrapOnly, 'POST', '/v1/rewrap/pins', { items: pins, context: 'user-42' })).statusCode).toBe(403);
+
+    // With decrypt the rewrap goes through, and equal plaintexts do come out equal; a
+    // rewrap-only token still rewraps between keys of random nonces.
+    const moved = await results(app, admin, 'rewrap', 'random', { items: sealed, context: 'user-42', targetKey: 'pins' });
+    expect(moved[0]!.ciphertext).toBe(moved[1]!.ciphertext);
+    expect((await call(app, admin, 'POST', '/v1/keys/random-2')).statusCode).toBe(201);
+    expect((await results(app, rewrapOnly, 'rewrap', 'random', { items: sealed, context: 'user-42', targetKey: 'random-2' })).map((r) => r.ciphertext)).toEqual([expect.stringMatching(/^kf:v1:/), expect.stringMatching(/^kf:v1:/)]);
+  });
+});
+
 describe('nonce budget and automatic rotation', () => {
   it('counts encryptions per version in Redis and rotates by itself at NONCE_ROTATE_SHARE of NONCE_LIMIT', async () => {
     const { env, admin } = testEnv({ NONCE_LIMIT: '20', NONCE_ROTATE_SHARE: '0.5' });
