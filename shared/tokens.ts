@@ -56,6 +56,9 @@ export function parseTokens(spec: string): TokenEntry[] {
     if (token.split('+').every(isScope)) fail('tenant:token[:scope+scope], got scopes where the token goes (is the tenant missing?)');
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
     if (!scopes.every(isScope)) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
+    // A token names one principal: a second entry with it would never be the one found.
+    const first = entries.findIndex((other) => other.split(':')[1] === token);
+    if (first < index) fail(`a token of its own, got the token of entry ${first + 1} (a token stands for one tenant and its scopes)`);
     return { tenant, token, scopes: new Set(scopes as Scope[]) };
   });
 }

@@ -195,6 +195,16 @@ describe('tokens', () => {
     }
   });
 
+  it('refuses a token given to two entries (the second would never be found), naming the entries and not the token', () => {
+    const token = `tok_${randomBytes(12).toString('hex')}`;
+    for (const spec of [`acme:${token}:encrypt,globex:${token}:decrypt+keys`, `acme:${token}:encrypt,acme:bbbbbbbbbbbbbbbb,acme:${token}:admin`]) {
+      const error = tokensError(spec);
+      expect(error).toMatch(/KEYFLEET_TOKENS: entry (2|3): expected a token of its own, got the token of entry 1/);
+      expect(error).not.toContain(token);
+    }
+    expect(parseTokens(`acme:${token},globex:${token}x`)).toHaveLength(2);
+  });
+
   it('verifies the right token only', () => {
     const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb'));
     expect(verifier.verify('bbbbbbbbbbbbbbbb')?.tenant).toBe('globex');
