@@ -48,6 +48,19 @@ export interface ChunkJobClaims {
   readonly op: BatchOp;
   readonly key: string;
   readonly encoding: Encoding;
+  /** The batch's context, sealed for the batch (so it cannot come from another one). */
+  readonly sealedContext?: string | undefined;
+  /** A context in the clear, as an earlier API's jobs carry it. */
+  readonly context?: string | undefined;
+  readonly targetKey?: string | undefined;
+}
+
+/** Whether a chunk job says of its batch what the batch's record does. */
+function jobMatches(job: ChunkJobClaims, [tenant, op, key, encoding, ctx, targetKey]: Array<string | null>): boolean {
+  if (tenant !== job.tenant || op !== job.op || key !== job.key || encoding !== job.encoding) return false;
+  // An earlier API's record says nothing of context or target key.
+  if (ctx === null) return true;
+  return !job.context && (job.sealedContext !== undefined) === (ctx === '1') && (job.targetKey ?? null) === targetKey;
 }
 
 const COMPLETION: Record<string, ChunkCompletion> = { '1': 'progress', '2': 'completed', '0': 'duplicate', '-1': 'batch-gone', '-2': 'batch-ended', '3': 'input-lost' };
@@ -127,6 +140,10 @@ export class BatchStore {
       id, tenant: spec.tenant, op: spec.op, key: spec.key, encoding: spec.encoding, chunkItems: spec.chunkItems, chunkStarts: 1, status: 'queued',
       total: 0, processed: 0, succeeded: 0, failed: 0, chunks: 0, chunksDone: 0, sealed: 0, createdAt: now.toISOString(),
       ...(spec.callbackUrl ? { callbackUrl: spec.callbackUrl } : {}),
+      // What its chunk jobs must say of context and target key (startChunk); a record without
+      // `ctx` is an earlier API's, whose jobs are not held to these two.
+      ctx: spec.context === undefined ? 0 : 1,
+      ...(spec.targetKey ? { targetKey: spec.targetKey } : {}),
     };
     // The record expires, so even a batch nobody reaps disappears in time; its results clock starts when it ends.
     const created = await this.#redis.kfBatchCreate(
@@ -230,19 +247,20 @@ export class BatchStore {
    * expired while its batch was open fails the batch (`input-lost`).
    *
    * `job` is what the chunk's job says of its batch. A job's data can be edited (Bull Board's
-   * actions, where they are on): a job whose tenant, op, key or encoding is not its batch's
-   * is `job-mismatch`, and its input stays closed (else an edited job could open one tenant's
-   * batch under another's key).
+   * actions, where they are on): a job whose tenant, op, key, encoding, context (given or not,
+   * and sealed) or target key is not its batch's is `job-mismatch`, and its input stays closed
+   * (else an edited job could open one tenant's batch under another's key, or seal a batch's
+   * items under a context or into a key its caller did not ask for).
    */
   async startChunk(id: string, chunk: number, count: number, job: ChunkJobClaims): Promise<Buffer | ChunkCompletion | 'job-mismatch'> {
     const k = this.#keys;
     // One transaction: an input seen missing while the record exists is not a batch expiring in between.
-    const [record, sealed] = ((await this.#redis.multi().hmget(k.batch(id), 'status', 'tenant', 'op', 'key', 'encoding').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
+    const [record, sealed] = ((await this.#redis.multi().hmget(k.batch(id), 'status', 'tenant', 'op', 'key', 'encoding', 'ctx', 'targetKey').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
       if (err) throw err;
       return value;
     }) as [Array<string | null>, Buffer | null];
-    const [status, tenant, op, key, encoding] = record;
-    if (status && (tenant !== job.tenant || op !== job.op || key !== job.key || encoding !== job.encoding)) return 'job-mismatch';
+    const [status, ...described] = record;
+    if (status && !jobMatches(job, described)) return 'job-mismatch';
     if (status && sealed) return this.#sealer.open('batch', id, `in:${chunk}`, sealed);
     const message = `the input of chunk ${chunk} expired before the chunk ran (it waited more than ${this.#chunkTtl} s)`;
     const settled = await this.#redis.kfChunkSettle(k.batch(id), k.batchInput(id, chunk), k.batchDone(id), k.backlogItems(), k.batchUpload(id),

@@ -152,15 +152,29 @@ describe('chunk accounting', () => {
     expect((await store.readResults(id, 0)).take()!.toString()).toBe('again\n');
   });
 
-  it('opens no input for a job whose tenant, op, key or encoding is not its batch’s (an edited job), and still opens it for the job as made', async () => {
+  it('opens no input for a job whose tenant, op, key, encoding, context or target key is not its batch’s (an edited job), and still opens it for the job as made', async () => {
     const id = await batchWithChunks(1);
     await store.seal(id);
-    for (const edited of [{ tenant: 'other' }, { op: 'decrypt' }, { key: 'other' }, { encoding: 'base64' }] as const) {
-      expect(await store.startChunk(id, 0, 10, { ...job, ...edited })).toBe('job-mismatch');
-    }
+    const edits = [{ tenant: 'other' }, { op: 'decrypt' }, { key: 'other' }, { encoding: 'base64' }, { sealedContext: 'c2VhbGVk' }, { context: 'chosen' }, { targetKey: 'other' }] as const;
+    for (const edited of edits) expect(await store.startChunk(id, 0, 10, { ...job, ...edited })).toBe('job-mismatch');
     const input = await store.startChunk(id, 0, 10, job);
     expect(Buffer.isBuffer(input) && input.toString()).toBe('input-0');
     expect((await store.get(id))!).toMatchObject({ status: 'queued', processed: 0 });
+
+    // A rewrap batch with a context and a target key: its jobs carry the context sealed.
+    const rewrap = { ...job, op: 'rewrap', targetKey: 'k2' } as const;
+    const withBoth = await store.create({ ...rewrap, context: 'customers', chunkItems: 10 }, 1000);
+    await store.addChunk(withBoth, 0, Buffer.from('input-0'), 10);
+    const made = { ...rewrap, sealedContext: store.sealContext(withBoth, 'customers'), context: '' };
+    for (const edited of [{ sealedContext: undefined }, { sealedContext: undefined, context: 'chosen' }, { context: 'chosen' }, { targetKey: undefined }, { targetKey: 'k3' }]) {
+      expect(await store.startChunk(withBoth, 0, 10, { ...made, ...edited })).toBe('job-mismatch');
+    }
+    expect(Buffer.isBuffer(await store.startChunk(withBoth, 0, 10, made))).toBe(true);
+
+    // An earlier API's record says nothing of context or target key, and its jobs carry the context in the clear.
+    await redis.hdel(keys.batch(withBoth), 'ctx', 'targetKey');
+    expect(Buffer.isBuffer(await store.startChunk(withBoth, 0, 10, { ...rewrap, context: 'customers' }))).toBe(true);
+    expect(await store.startChunk(withBoth, 0, 10, { ...rewrap, tenant: 'other', context: 'customers' })).toBe('job-mismatch');
   });
 
   it('a run that finishes after its batch completed and was deleted counts nothing and brings no results back', async () => {
