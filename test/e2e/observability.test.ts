@@ -159,7 +159,7 @@ describe('operators see a batch', () => {
       expect(ok.headers.get('x-content-type-options')).toBe('nosniff');
     });
 
-    it('signs in with HTTP Basic and shows the chunk queue with a completed job of the batch, and the webhook queue', async () => {
+    it('signs in with HTTP Basic and shows the chunk queue with a completed job of the batch, and the webhook queue, offering no action', async () => {
       const context = await browser.newContext({ httpCredentials: { username: 'ops', password: admin.token }, viewport: { width: 1400, height: 900 } });
       const page = await context.newPage();
       await page.goto(`${client.base}/admin/queues`);
@@ -172,6 +172,8 @@ describe('operators see a batch', () => {
       mkdirSync(shots, { recursive: true });
       await page.screenshot({ path: join(shots, 'bull-board.png') });
       expect(await page.content()).not.toContain(admin.token);
+      // Read-only by default (BULL_BOARD_ACTIONS): the board offers none of its actions.
+      expect(await page.getByRole('button', { name: /clean|retry|promote|pause|empty|obliterate|add job|duplicate|remove/i }).count()).toBe(0);
       await context.close();
     });
   });
