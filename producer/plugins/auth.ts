@@ -1,6 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
-import type { KeyType } from '../../shared/crypto/key-ring.js';
 import type { KeyCache } from '../../shared/key-cache.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS, type Principal, type Scope, type TokenVerifier } from '../../shared/tokens.js';
@@ -78,29 +77,25 @@ export function requireScope(request: FastifyRequest, ...anyOf: Scope[]): Princi
 export const hasScope = (principal: Principal, ...anyOf: Scope[]): boolean => anyOf.some((s) => principal.scopes.has(s));
 
 /**
- * A rewrap needs the decrypt scope as well where its outcome tells something of the plaintexts;
- * a rewrap-only token must not be a way to read them.
+ * A rewrap of `key` (into `targetKey`, where given) needs the decrypt scope as well where its
+ * outcome tells something of the plaintexts; a rewrap-only token must not be a way to read them.
  * - Out of a legacy CBC key: CBC has no integrity, so whether a rewrap of a doctored ciphertext
  *   succeeds tells whether its padding held: a padding oracle that reads the plaintext byte by byte.
- * - Into a convergent key (`sealing`: the target key, or the source itself): equal plaintexts
- *   under one context come out as equal ciphertexts, so rewrapped items show which are equal,
- *   and beside encrypt, whether a guess is right (a PIN, a serial).
+ * - Into a convergent key (the target key, or the source itself): equal plaintexts under one
+ *   context come out as equal ciphertexts, so rewrapped items show which are equal, and beside
+ *   encrypt, whether a guess is right (a PIN, a serial).
  */
-function requireRewrapScope(request: FastifyRequest, source: { readonly type: KeyType }, sealing: { readonly convergent: boolean }): void {
-  if (hasScope(principalOf(request), 'decrypt')) return;
+export async function requireRewrapScope(request: FastifyRequest, keyCache: KeyCache, key: string, targetKey: string | undefined): Promise<void> {
+  const principal = principalOf(request);
+  if (hasScope(principal, 'decrypt')) return;
+  const source = await keyCache.get(principal.tenant, key);
   if (source.type === 'legacy-aes256-cbc') {
     throw new KeyfleetError('KF_FORBIDDEN', 'rewrapping out of a legacy-aes256-cbc key needs the decrypt scope as well as rewrap');
   }
+  const sealing = targetKey === undefined ? source : await keyCache.get(principal.tenant, targetKey);
   if (sealing.convergent) {
     throw new KeyfleetError('KF_FORBIDDEN', 'rewrapping into a convergent key needs the decrypt scope as well as rewrap: its ciphertexts show which plaintexts are equal');
   }
-}
-
-/** requireRewrapScope for a rewrap of `key` (into `targetKey`, where given) of the caller's tenant. */
-export async function requireRewrapScopeFor(request: FastifyRequest, keyCache: KeyCache, key: string, targetKey: string | undefined): Promise<void> {
-  const { tenant } = principalOf(request);
-  const source = await keyCache.get(tenant, key);
-  requireRewrapScope(request, source, targetKey === undefined ? source : await keyCache.get(tenant, targetKey));
 }
 
 const forbidden = (anyOf: readonly Scope[]): KeyfleetError => new KeyfleetError('KF_FORBIDDEN', `the token lacks the ${anyOf.join(' or ')} scope`);

@@ -14,7 +14,7 @@ import { submitBatch } from '../batch-submit.js';
 import { fingerprintHash, idempotencyKeyOf, jsonAnswer, replay, respondCompleted, sendWhenDone, type SchemaRequest } from '../idempotency.js';
 import { readJsonItems } from '../json-items.js';
 import { readNdjsonItems } from '../ndjson-items.js';
-import { hasScope, principalOf, requireRewrapScopeFor, requireScope } from '../plugins/auth.js';
+import { hasScope, principalOf, requireRewrapScope, requireScope } from '../plugins/auth.js';
 import { errorAnswers } from '../plugins/docs.js';
 import { reclaiming } from '../reclaim.js';
 import { streamBatchEvents } from '../sse.js';
@@ -72,7 +72,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
   const upload = async (request: SchemaRequest<typeof uploadSchema>, reply: FastifyReply): Promise<unknown> => {
     const { op, key, encoding, callbackUrl, context, targetKey } = request.query;
     const { tenant } = requireScope(request, op);
-    if (op === 'rewrap') await requireRewrapScopeFor(request, app.services.keyCache, key, targetKey);
+    if (op === 'rewrap') await requireRewrapScope(request, app.services.keyCache, key, targetKey);
     if (!request.body) throw new KeyfleetError('KF_UNSUPPORTED_MEDIA_TYPE', UPLOAD_MEDIA_TYPES);
     const body = reclaiming(idleBounded(request.body as AsyncIterable<Buffer>, app.keyfleet.uploadIdleSeconds));
     // Media types are case-insensitive (RFC 9110), as fastify matches the parsers above.

@@ -6,7 +6,7 @@ import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, context as contextSchema, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer, type SchemaRequest } from '../idempotency.js';
-import { principalOf, requireRewrapScopeFor } from '../plugins/auth.js';
+import { principalOf, requireRewrapScope } from '../plugins/auth.js';
 import { errorAnswers } from '../plugins/docs.js';
 import { SYNC_RATE_LIMIT } from '../plugins/rate-limit.js';
 import { runSync } from '../sync-crypto.js';
@@ -38,7 +38,7 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
       checkTargetKey(op, key, targetKey);
-      if (op === 'rewrap') await requireRewrapScopeFor(request, keyCache, key, targetKey);
+      if (op === 'rewrap') await requireRewrapScope(request, keyCache, key, targetKey);
       if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
       const { texts, contexts, perItemContext } = normalise(op, items, context);
       if (goAsync && perItemContext) {
