@@ -203,7 +203,7 @@ export class BatchIntake {
     const firstIndex = this.#sealedItems;
     this.#sealedItems += count;
     const storage = this.#bufferFor(this.#packer.bytes + SEAL_OVERHEAD);
-    const sealed = this.#packer.takeView((packed) => storage.subarray(0, this.#store.sealInputInto(this.batchId, chunk, packed, storage)));
+    const sealed = this.#packer.takeView((packed) => storage.subarray(0, this.#store.sealInputInto(this.batchId, this.#spec.tenant, chunk, packed, storage)));
     return { chunk, count, firstIndex, sealed, storage };
   }
 
@@ -218,9 +218,9 @@ export class BatchIntake {
     // Redis has answered, so the command has been written out: the buffer is free again.
     if (this.#spare.length < MAX_IN_FLIGHT) this.#spare.push(storage);
     const { tenant, op, key, encoding, requestId, context, targetKey } = this.#spec;
-    if (context !== undefined) this.#sealedContext ??= this.#store.sealContext(this.batchId, context);
+    if (context !== undefined) this.#sealedContext ??= this.#store.sealContext(this.batchId, tenant, context);
     const data: ChunkJobData = {
-      batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, resultFormat: 'records',
+      batchId: this.batchId, tenant, chunk, firstIndex, count, op, key, encoding, resultFormat: 'records', sealedFor: 'tenant',
       ...(requestId ? { requestId } : {}), ...(this.#sealedContext !== undefined ? { sealedContext: this.#sealedContext, context: '' } : {}), ...(targetKey ? { targetKey } : {}),
     };
     await this.#queue.add(CHUNK_JOB, data, { jobId: chunkJobId(this.batchId, chunk) });

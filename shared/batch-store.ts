@@ -34,7 +34,19 @@ export interface BatchRecord extends BatchStatusBody {
   readonly callbackUrl?: string;
   readonly sealed: boolean;
   readonly deleted: boolean;
+  /** Its inputs, results and context are sealed for its tenant too (`batchOwner`); not by an earlier API. */
+  readonly bound: boolean;
 }
+
+/**
+ * Whose a batch's sealed data is, for BatchStore's methods that seal and open it: its tenant,
+ * or undefined for a batch of an earlier API (sealed for the batch alone). Bound to the tenant,
+ * a batch moved to another tenant by a write to Redis (its record's `tenant`) does not open.
+ */
+export const batchOwner = (batch: Pick<BatchRecord, 'tenant' | 'bound'>): string | undefined => (batch.bound ? batch.tenant : undefined);
+
+/** The id that batch data is sealed under: the batch's, and its tenant's where it is bound. */
+const sealId = (id: string, owner: string | undefined): string => (owner === undefined ? id : `${id}@${owner}`);
 
 /**
  * What a chunk's completion did to its batch; or, for a chunk with nothing to run, what became
@@ -53,11 +65,15 @@ export interface ChunkJobClaims {
   /** A context in the clear, as an earlier API's jobs carry it. */
   readonly context?: string | undefined;
   readonly targetKey?: string | undefined;
+  /** `tenant` where the batch's data is sealed for its tenant (`batchOwner`). */
+  readonly sealedFor?: 'tenant' | undefined;
 }
 
 /** Whether a chunk job says of its batch what the batch's record does. */
-function jobMatches(job: ChunkJobClaims, [tenant, op, key, encoding, ctx, targetKey]: Array<string | null>): boolean {
+function jobMatches(job: ChunkJobClaims, [tenant, op, key, encoding, ctx, targetKey, bound]: Array<string | null>): boolean {
   if (tenant !== job.tenant || op !== job.op || key !== job.key || encoding !== job.encoding) return false;
+  // Whose its data is sealed for, as the worker opens and seals it (an earlier API's: the batch's alone).
+  if ((job.sealedFor === 'tenant') !== (bound === '1')) return false;
   // An earlier API's record says nothing of context or target key.
   if (ctx === null) return true;
   return !job.context && (job.sealedContext !== undefined) === (ctx === '1') && (job.targetKey ?? null) === targetKey;
@@ -144,6 +160,7 @@ export class BatchStore {
       // `ctx` is an earlier API's, whose jobs are not held to these two.
       ctx: spec.context === undefined ? 0 : 1,
       ...(spec.targetKey ? { targetKey: spec.targetKey } : {}),
+      bound: 1,
     };
     // The record expires, so even a batch nobody reaps disappears in time; its results clock starts when it ends.
     const created = await this.#redis.kfBatchCreate(
@@ -161,28 +178,30 @@ export class BatchStore {
    * has ended. Every chunk before it holds `count` items too.
    */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
-    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', id, `in:${chunk}`, packed), count, chunk * count);
+    const [tenant, bound] = await this.#redis.hmget(this.#keys.batch(id), 'tenant', 'bound');
+    const owner = bound === '1' ? (tenant ?? '') : undefined;
+    await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', sealId(id, owner), `in:${chunk}`, packed), count, chunk * count);
   }
 
   /**
    * A chunk's packed inputs sealed into `out` (at least `packed.length + SEAL_OVERHEAD` bytes)
    * for `addSealedChunk`; the bytes written. The caller may reuse `packed` at once.
    */
-  sealInputInto(id: string, chunk: number, packed: Buffer, out: Buffer): number {
-    return this.#sealer.sealInto('batch', id, `in:${chunk}`, packed, out);
+  sealInputInto(id: string, owner: string | undefined, chunk: number, packed: Buffer, out: Buffer): number {
+    return this.#sealer.sealInto('batch', sealId(id, owner), `in:${chunk}`, packed, out);
   }
 
   /**
    * A batch's context as its chunk jobs carry it: sealed like its inputs (base64), so neither
    * the job data that Bull Board shows nor a Redis dump holds it, as the logs do not.
    */
-  sealContext(id: string, context: string): string {
-    return this.#sealer.seal('batch', id, 'context', Buffer.from(context, 'utf8')).toString('base64');
+  sealContext(id: string, owner: string | undefined, context: string): string {
+    return this.#sealer.seal('batch', sealId(id, owner), 'context', Buffer.from(context, 'utf8')).toString('base64');
   }
 
-  /** `sealContext`'s context again; throws when it was not sealed for this batch. */
-  openContext(id: string, sealed: string): string {
-    return this.#sealer.open('batch', id, 'context', Buffer.from(sealed, 'base64')).toString('utf8');
+  /** `sealContext`'s context again; throws when it was not sealed for this batch (and owner). */
+  openContext(id: string, owner: string | undefined, sealed: string): string {
+    return this.#sealer.open('batch', sealId(id, owner), 'context', Buffer.from(sealed, 'base64')).toString('utf8');
   }
 
   async addSealedChunk(id: string, chunk: number, sealed: Buffer, count: number, firstIndex: number): Promise<void> {
@@ -255,25 +274,26 @@ export class BatchStore {
   async startChunk(id: string, chunk: number, count: number, job: ChunkJobClaims): Promise<Buffer | ChunkCompletion | 'job-mismatch'> {
     const k = this.#keys;
     // One transaction: an input seen missing while the record exists is not a batch expiring in between.
-    const [record, sealed] = ((await this.#redis.multi().hmget(k.batch(id), 'status', 'tenant', 'op', 'key', 'encoding', 'ctx', 'targetKey').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
+    const [record, sealed] = ((await this.#redis.multi().hmget(k.batch(id), 'status', 'tenant', 'op', 'key', 'encoding', 'ctx', 'targetKey', 'bound').getBuffer(k.batchInput(id, chunk)).exec()) ?? []).map(([err, value]) => {
       if (err) throw err;
       return value;
     }) as [Array<string | null>, Buffer | null];
     const [status, ...described] = record;
     if (status && !jobMatches(job, described)) return 'job-mismatch';
-    if (status && sealed) return this.#sealer.open('batch', id, `in:${chunk}`, sealed);
+    const owner = job.sealedFor === 'tenant' ? job.tenant : undefined; // the record's, as jobMatches found
+    if (status && sealed) return this.#sealer.open('batch', sealId(id, owner), `in:${chunk}`, sealed);
     const message = `the input of chunk ${chunk} expired before the chunk ran (it waited more than ${this.#chunkTtl} s)`;
     const settled = await this.#redis.kfChunkSettle(k.batch(id), k.batchInput(id, chunk), k.batchDone(id), k.backlogItems(), k.batchUpload(id),
       chunk, count, 'KF_CHUNK_FAILED', message, new Date().toISOString(), k.batchEvents(id), k.batch(id), this.#ttl);
     // 1: the input is there after all (not seen in the transaction above: cannot happen, inputs are never written twice).
-    if (settled === 1) return (await this.readInput(id, chunk)) ?? 'duplicate';
+    if (settled === 1) return (await this.readInput(id, owner, chunk)) ?? 'duplicate';
     return COMPLETION[String(settled)] ?? 'batch-gone';
   }
 
   /** The chunk's packed inputs, opened; null once counted, cancelled or expired (a chunk about to run: startChunk). */
-  async readInput(id: string, chunk: number): Promise<Buffer | null> {
+  async readInput(id: string, owner: string | undefined, chunk: number): Promise<Buffer | null> {
     const sealed = await this.#redis.getBuffer(this.#keys.batchInput(id, chunk));
-    return sealed && this.#sealer.open('batch', id, `in:${chunk}`, sealed);
+    return sealed && this.#sealer.open('batch', sealId(id, owner), `in:${chunk}`, sealed);
   }
 
   /**
@@ -302,20 +322,20 @@ export class BatchStore {
    * The chunk's stored results (shared/result-codec.ts), opened; null when deleted or expired.
    * Handed over, so that neither this promise nor ioredis's keeps them once taken (a reader that reads ahead).
    */
-  async readResults(id: string, chunk: number): Promise<Handover<Buffer | null>> {
+  async readResults(id: string, owner: string | undefined, chunk: number): Promise<Handover<Buffer | null>> {
     const reply = (await this.#redis.sendCommand(new HandedOverGet(this.#keys.batchResult(id, chunk)))) as Handover<Buffer | null>;
     const sealed = reply.take();
-    return new Handover(sealed && this.#sealer.open('batch', id, `out:${chunk}`, sealed));
+    return new Handover(sealed && this.#sealer.open('batch', sealId(id, owner), `out:${chunk}`, sealed));
   }
 
-  async completeChunk(id: string, chunk: number, outcome: { count: number; succeeded: number; failed: number; results: Buffer }): Promise<ChunkCompletion> {
+  async completeChunk(id: string, owner: string | undefined, chunk: number, outcome: { count: number; succeeded: number; failed: number; results: Buffer }): Promise<ChunkCompletion> {
     const k = this.#keys;
     // Each run stages its results under its own name; the script keeps the first run's.
     const staged = k.batchStaged(id, chunk, randomBytes(6).toString('hex'));
     const result = await pipelined(
       this.#redis
         .pipeline()
-        .set(staged, this.#sealer.seal('batch', id, `out:${chunk}`, outcome.results), 'EX', this.#chunkTtl)
+        .set(staged, this.#sealer.seal('batch', sealId(id, owner), `out:${chunk}`, outcome.results), 'EX', this.#chunkTtl)
         .kfChunkComplete(k.batch(id), k.batchInput(id, chunk), k.batchResult(id, chunk), k.batchDone(id), k.backlogItems(), staged,
           chunk, outcome.count, outcome.succeeded, outcome.failed, this.#ttl, new Date().toISOString(), k.batchEvents(id), this.#openTtl, this.#chunkTtl, k.batch(id)),
     );
@@ -388,6 +408,7 @@ export class BatchStore {
       ...(f['callbackUrl'] ? { callbackUrl: f['callbackUrl'] } : {}),
       sealed: f['sealed'] === '1',
       deleted: f['deleted'] === '1',
+      bound: f['bound'] === '1',
     };
   }
 }
@@ -446,7 +467,7 @@ class StoredChunkStarts implements ChunkLayout {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, deleted, ...body } = record;
+  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, bound: _b, deleted, ...body } = record;
   return deleted ? { ...body, resultsDeleted: true } : body;
 }
 

@@ -248,5 +248,11 @@ export const chunkJobData = z.object({
    * worker stores NDJSON lines for it.
    */
   resultFormat: z.literal('records').optional(),
+  /**
+   * `tenant` from an API that seals a batch's inputs, results and context for its tenant as well
+   * as the batch (BatchStore's `owner`). An earlier worker drops the field and opens nothing: the
+   * chunk fails (roll the workers over first).
+   */
+  sealedFor: z.literal('tenant').optional(),
 });
 export type ChunkJobData = z.infer<typeof chunkJobData>;

@@ -73,7 +73,9 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     }
 
     // '' stands beside a sealed context only (see chunkJobData): never a context of its own.
-    const context = data.sealedContext === undefined ? data.context || undefined : openContext(batches, data.batchId, data.sealedContext);
+    // Whose the batch's data is sealed for: the job's tenant is its batch's (startChunk held it).
+    const owner = data.sealedFor === 'tenant' ? data.tenant : undefined;
+    const context = data.sealedContext === undefined ? data.context || undefined : openContext(batches, data.batchId, owner, data.sealedContext);
     const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(context !== undefined ? { context } : {}) };
     // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
     // a rewrap with targetKey opens with the source key and seals under the target's.
@@ -93,7 +95,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
       const fresh = await ringFor(keyCache, data, true);
       if (fresh.latestVersion > ring.latestVersion) {
         ring = fresh;
-        const again = await batches.readInput(data.batchId, data.chunk);
+        const again = await batches.readInput(data.batchId, owner, data.chunk);
         if (again) outcome = await run(again);
       }
     }
@@ -103,7 +105,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
 
     // An earlier API streams stored results as they are: give its jobs the lines themselves.
     const results = data.resultFormat === 'records' ? outcome.results : Buffer.concat([...resultLines(outcome.results, data.firstIndex, 0, formatter)]);
-    const completion = await batches.completeChunk(data.batchId, data.chunk, { ...outcome, results });
+    const completion = await batches.completeChunk(data.batchId, owner, data.chunk, { ...outcome, results });
     stopTimer();
     if (completion === 'progress' || completion === 'completed') {
       metrics.chunks.inc({ outcome: 'counted' });
@@ -124,9 +126,9 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
   };
 }
 
-function openContext(batches: BatchStore, batchId: string, sealed: string): string {
+function openContext(batches: BatchStore, batchId: string, owner: string | undefined, sealed: string): string {
   try {
-    return batches.openContext(batchId, sealed);
+    return batches.openContext(batchId, owner, sealed);
   } catch {
     // Not sealed for this batch under a master key this worker holds: no retry will open it.
     throw new UnrecoverableError('the batch context could not be opened');

@@ -3,7 +3,7 @@ import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
+import { batchOwner, publicStatus, type BatchRecord, type BatchStore, type ChunkLayout } from '../../shared/batch-store.js';
 import { itemLimit } from '../../shared/crypto/items.js';
 import { resolveKernel, resultFormatter } from '../../shared/crypto/kernel.js';
 import { KeyfleetError, UPLOAD_MEDIA_TYPES } from '../../shared/errors.js';
@@ -149,7 +149,7 @@ export async function batchRoutes(app: FastifyInstance): Promise<void> {
     const layout = await batches.chunkLayout(batch);
     const ran = batch.status === 'failed' ? await chunksThatRan(batches, batch, layout) : () => true;
     const start = startOf(batch, layout, request.query.from);
-    const first = start && ran(start.chunk) ? (await batches.readResults(batch.id, start.chunk)).take() : null;
+    const first = start && ran(start.chunk) ? (await batches.readResults(batch.id, batchOwner(batch), start.chunk)).take() : null;
     if (start && ran(start.chunk) && !first) throw new KeyfleetError('KF_BATCH_DELETED');
     reply.header('content-type', NDJSON);
     return reply.send(Readable.from(start ? reclaiming(resultChunks(batches, batch, layout, ran, start, new Handover(first), formatter)) : [], { objectMode: false }));
@@ -265,7 +265,7 @@ async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: Ch
   const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
     if (!ran(chunk)) return Promise.resolve(new Handover<Buffer | null>(null));
-    const read = batches.readResults(id, chunk);
+    const read = batches.readResults(id, batchOwner(batch), chunk);
     read.catch(() => {});
     return read;
   };

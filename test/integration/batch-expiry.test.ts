@@ -137,7 +137,7 @@ describe('batch lifetimes', () => {
 describe('chunks of a batch that is gone', () => {
   const sealer = new AtRestSealer(randomBytes(32));
   const outcome = (count: number) => ({ count, succeeded: count, failed: 0, results: Buffer.from('r\n') });
-  const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' } as const;
+  const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', sealedFor: 'tenant' } as const;
   /** A sealed batch of three 10-item chunks whose record lives 2 s without news, under its own prefix (so its backlog counter is the test's alone). */
   const sealedBatchOfThreeChunks = async () => {
     const own = new RedisKeys(`{kft-expiry-${randomBytes(4).toString('hex')}}`);
@@ -159,8 +159,8 @@ describe('chunks of a batch that is gone', () => {
     expect(await store.startChunk(id, 0, 10, job)).toBe('batch-gone'); // a retry of the same job
     expect(await store.backlogItems()).toBe(20);
     // A chunk already running when its batch went: its completion subtracts instead, once too.
-    expect(await store.completeChunk(id, 1, outcome(10))).toBe('batch-gone');
-    expect(await store.completeChunk(id, 1, outcome(10))).toBe('batch-gone');
+    expect(await store.completeChunk(id, 't', 1, outcome(10))).toBe('batch-gone');
+    expect(await store.completeChunk(id, 't', 1, outcome(10))).toBe('batch-gone');
     expect(await store.startChunk(id, 1, 10, job)).toBe('batch-gone');
     expect(await store.backlogItems()).toBe(10);
     expect(await store.startChunk(id, 2, 10, job)).toBe('batch-gone');
@@ -172,17 +172,17 @@ describe('chunks of a batch that is gone', () => {
     const { own, store, id } = await sealedBatchOfThreeChunks();
     for (const c of [0, 1]) {
       await sleep(1_200);
-      expect(await store.completeChunk(id, c, outcome(10))).toBe('progress');
+      expect(await store.completeChunk(id, 't', c, outcome(10))).toBe('progress');
     }
     // 2.4 s after its creation the batch is still there: each chunk renewed it.
     expect((await store.get(id))!.status).toBe('running');
-    expect(await store.completeChunk(id, 2, outcome(10))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 2, outcome(10))).toBe('completed');
     expect(await redis.ttl(own.batch(id))).toBeGreaterThan(2);
     expect(await store.backlogItems()).toBe(0);
     // Its record expires later; a rerun of a chunk then finds no input and subtracts nothing.
     await redis.del(own.batch(id));
     expect(await store.startChunk(id, 0, 10, job)).toBe('batch-gone');
-    expect(await store.completeChunk(id, 0, outcome(10))).toBe('batch-gone');
+    expect(await store.completeChunk(id, 't', 0, outcome(10))).toBe('batch-gone');
     expect(await redis.get(own.backlogItems())).toBe('0');
   });
 });
@@ -204,12 +204,12 @@ describe('the longest RESULT_TTL_SECONDS', () => {
     for (const c of [0, 1]) await store.addChunk(id, c, Buffer.from(`input-${c}`), 10);
     expect(await redis.ttl(own.batchInput(id, 0))).toBeGreaterThan(2 * longest - 60); // inputs live twice as long
     expect(await store.seal(id)).toBe('progress');
-    expect(await store.completeChunk(id, 0, outcome(10))).toBe('progress');
-    expect(await store.completeChunk(id, 1, outcome(10))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10))).toBe('progress');
+    expect(await store.completeChunk(id, 't', 1, outcome(10))).toBe('completed');
     for (const key of [own.batch(id), own.batchDone(id), own.batchResult(id, 0), own.batchResult(id, 1)]) {
       expect(await redis.ttl(key)).toBeGreaterThan(longest - 60);
     }
-    expect((await store.readResults(id, 1)).take()?.length).toBeGreaterThan(0);
+    expect((await store.readResults(id, 't', 1)).take()?.length).toBeGreaterThan(0);
 
     // The inputs' lifetime, twice the largest safe integer of seconds, passes what a Redis
     // expiry holds (its end in ms since 1970 within 2^63−1): every upload would fail.

@@ -55,7 +55,7 @@ describe('batches', () => {
   it('stores NDJSON lines for the jobs of an earlier API (which streams stored results as they are), and streams them as they are', async () => {
     expect(await client.waitForBatch(queuedByEarlierApi)).toMatchObject({ status: 'completed', succeeded: earlierItems.length });
     for (const chunk of [0, 1]) {
-      const stored = (await app.services.batches.readResults(queuedByEarlierApi, chunk)).take()!.toString('utf8');
+      const stored = (await app.services.batches.readResults(queuedByEarlierApi, admin.tenant, chunk)).take()!.toString('utf8');
       const lines = stored.split('\n').filter(Boolean).map((l) => JSON.parse(l));
       expect(lines.map((l) => l.i)).toEqual(earlierItems.slice(chunk * 7000, chunk * 7000 + 7000).map((_, n) => chunk * 7000 + n));
     }
@@ -69,7 +69,7 @@ describe('batches', () => {
     await client.waitForBatch(back.body.batchId);
     expect((await client.results(back.body.batchId)).map((l) => l.plaintext)).toEqual(earlierItems);
     // A batch of this API's own is stored as records.
-    expect((await app.services.batches.readResults(queuedBeforeWorker, 0)).take()![0]).toBe(1);
+    expect((await app.services.batches.readResults(queuedBeforeWorker, admin.tenant, 0)).take()![0]).toBe(1);
   });
 
   it('encrypts 100,000 NDJSON items, streams results in input order, and a second batch decrypts them all back', async () => {
@@ -313,6 +313,21 @@ describe('batches', () => {
     expect((await globex.json('POST', '/v1/decrypt/globex-only', { items: [ciphertext] })).body.results).toEqual([{ plaintext: 'globex-secret-1' }]);
   });
 
+  it('opens no batch moved to another tenant by a write to Redis: its data is sealed for its own tenant', async () => {
+    const globex = new Client(client.base, other.token);
+    expect((await globex.json('POST', '/v1/keys/globex-moved')).status).toBe(201);
+    const sealed = await globex.json('POST', '/v1/encrypt/globex-moved', { items: ['globex-secret-2'] });
+    const batchId = (await globex.uploadNdjson('decrypt', 'globex-moved', [sealed.body.results[0].ciphertext])).body.batchId;
+    expect(await globex.waitForBatch(batchId)).toMatchObject({ status: 'completed', succeeded: 1 });
+    // Someone who can write Redis, and holds an acme token, makes the batch acme's.
+    await app.services.redis.hset(new RedisKeys(env['KEYFLEET_PREFIX']!).batch(batchId), 'tenant', admin.tenant);
+    const moved = await fetch(`${client.base}/v1/batches/${batchId}/results`, { headers: { authorization: `Bearer ${admin.token}` } });
+    const text = await moved.text();
+    expect(text).not.toContain('globex-secret-2');
+    expect(moved.status).toBe(500);
+    expect(JSON.parse(text).error.code).toBe('KF_INTERNAL');
+  });
+
   it('keeps Bull Board read-only without BULL_BOARD_ACTIONS: every action is refused, and the board still shows the queues', async () => {
     const readOnly = await buildApp({ config: configFrom({ ...env, BULL_BOARD_ACTIONS: 'false' }) });
     try {
@@ -327,12 +342,12 @@ describe('batches', () => {
         await viewer.json('POST', `${chunks}/add`, { name: 'board-check', data: {} }),
         await viewer.json('PUT', `${chunks}/clean/completed`),
         await viewer.json('PUT', `${chunks}/empty`),
-        await viewer.json('PATCH', `${chunks}/${encodeURIComponent(done!.id!)}/update-data`, { jobData: { ...done!.data, tenant: other.tenant } }),
+        await viewer.json('PATCH', `${chunks}/${encodeURIComponent(done!.id!)}/update-data`, { jobData: { ...done!.data, tenant: 'someone-else' } }),
         await viewer.json('PUT', `${chunks}/${encodeURIComponent(done!.id!)}/clean`),
       ];
       expect(refused.map((r) => r.status)).toEqual(refused.map(() => 405));
       expect([await app.services.queue.isPaused(), await app.services.webhookQueue.isPaused()]).toEqual([false, false]);
-      expect((await app.services.queue.getJob(done!.id!))!.data.tenant).toBe(admin.tenant);
+      expect((await app.services.queue.getJob(done!.id!))!.data).toEqual(done!.data);
       expect((await app.services.queue.getJobCounts()).completed).toBeGreaterThanOrEqual(before.completed!);
       const shown = await viewer.json('GET', '/admin/queues/api/queues?activeQueue=chunks&status=completed&page=1&jobsPerPage=5');
       expect(shown.status).toBe(200);

@@ -35,7 +35,7 @@ afterAll(async () => {
 const outcome = (count: number, lines: string) => ({ count, succeeded: count, failed: 0, results: Buffer.from(lines) });
 
 /** What the jobs of `batchWithChunks`'s batches say of them. */
-const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8' } as const;
+const job = { tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', sealedFor: 'tenant' } as const;
 
 async function batchWithChunks(n: number): Promise<string> {
   const id = await store.create({ ...job, chunkItems: 10 }, 1000);
@@ -55,7 +55,7 @@ describe('chunk accounting', () => {
   it('tells which chunks ran from the done bitmap, past its first byte too, and keeps it when the batch fails', async () => {
     const id = await batchWithChunks(20);
     const done = [0, 7, 8, 15, 19];
-    for (const c of done) await store.completeChunk(id, c, outcome(10, `chunk ${c}\n`));
+    for (const c of done) await store.completeChunk(id, 't', c, outcome(10, `chunk ${c}\n`));
     await store.fail(id, 'KF_CHUNK_FAILED');
     const ran = await store.chunksRan(id);
     expect(Array.from({ length: 24 }, (_, c) => c).filter(ran)).toEqual(done);
@@ -67,11 +67,11 @@ describe('chunk accounting', () => {
   it('a chunk completed twice (a retry after a crash) counts once and keeps the first results', async () => {
     const id = await batchWithChunks(2);
     expect(await store.seal(id)).toBe('progress');
-    expect(await store.completeChunk(id, 0, outcome(10, 'first\n'))).toBe('progress');
-    expect(await store.completeChunk(id, 0, outcome(10, 'second\n'))).toBe('duplicate');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'first\n'))).toBe('progress');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'second\n'))).toBe('duplicate');
     expect((await store.get(id))!).toMatchObject({ status: 'running', processed: 10, succeeded: 10 });
-    expect((await store.readResults(id, 0)).take()!.toString()).toBe('first\n');
-    expect(await store.readInput(id, 0)).toBeNull();
+    expect((await store.readResults(id, 't', 0)).take()!.toString()).toBe('first\n');
+    expect(await store.readInput(id, 't', 0)).toBeNull();
     // The second run's staged lines were dropped, not left behind.
     expect((await redis.keys(`${keys.batch(id)}:out:*`)).sort()).toEqual([keys.batchResult(id, 0)]);
   });
@@ -81,14 +81,14 @@ describe('chunk accounting', () => {
     const events: string[] = [];
     await subscriber.subscribe(keys.batchEvents(id));
     subscriber.on('message', (_channel, message) => events.push(message));
-    await store.completeChunk(id, 1, outcome(10, 'b\n'));
-    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    await store.completeChunk(id, 't', 1, outcome(10, 'b\n'));
+    await store.completeChunk(id, 't', 0, outcome(10, 'a\n'));
     // Every chunk is done before the upload is sealed: sealing completes it.
-    await store.completeChunk(id, 2, outcome(10, 'c\n'));
+    await store.completeChunk(id, 't', 2, outcome(10, 'c\n'));
     expect((await store.get(id))!.status).toBe('running');
     // The caller announces it (webhook, metric): no worker saw the batch complete.
     expect(await store.seal(id)).toBe('completed');
-    expect(await store.completeChunk(id, 2, outcome(10, 'c again\n'))).toBe('duplicate');
+    expect(await store.completeChunk(id, 't', 2, outcome(10, 'c again\n'))).toBe('duplicate');
     const record = (await store.get(id))!;
     expect(record).toMatchObject({ status: 'completed', total: 30, processed: 30 });
     // Redis delivers a channel's messages in the order they were published: once a marker sent
@@ -107,8 +107,8 @@ describe('chunk accounting', () => {
     const sealed = await batchWithChunks(2);
     expect(await store.seal(sealed)).toBe('progress');
     expect(await store.failUpload(sealed, 'KF_UPLOAD_ABORTED')).toBe(false);
-    expect(await store.completeChunk(sealed, 0, outcome(10, 'a\n'))).toBe('progress');
-    expect(await store.completeChunk(sealed, 1, outcome(10, 'b\n'))).toBe('completed');
+    expect(await store.completeChunk(sealed, 't', 0, outcome(10, 'a\n'))).toBe('progress');
+    expect(await store.completeChunk(sealed, 't', 1, outcome(10, 'b\n'))).toBe('completed');
     // A worker's failure still ends a sealed batch.
     const failing = await batchWithChunks(1);
     await store.seal(failing);
@@ -117,7 +117,7 @@ describe('chunk accounting', () => {
 
   it('a batch that is never sealed (upload cut short) never completes', async () => {
     const id = await batchWithChunks(1);
-    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    await store.completeChunk(id, 't', 0, outcome(10, 'a\n'));
     expect((await store.get(id))!.status).toBe('running');
     await store.fail(id, 'KF_UPLOAD_ABORTED');
     expect((await store.get(id))!).toMatchObject({ status: 'failed', error: { code: 'KF_UPLOAD_ABORTED' } });
@@ -128,9 +128,9 @@ describe('chunk accounting', () => {
   it('a cancelled batch ignores chunks that finish afterwards and keeps no inputs or results', async () => {
     const id = await batchWithChunks(2);
     await store.seal(id);
-    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    await store.completeChunk(id, 't', 0, outcome(10, 'a\n'));
     await store.cancel(id);
-    expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('batch-ended');
+    expect(await store.completeChunk(id, 't', 1, outcome(10, 'b\n'))).toBe('batch-ended');
     expect((await store.get(id))!).toMatchObject({ status: 'cancelled', processed: 10, deleted: true });
     // Nothing of the batch is left but its status record: no input, result or staged run.
     expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
@@ -147,15 +147,15 @@ describe('chunk accounting', () => {
     expect(await redis.getbit(keys.batchDone(id), 0)).toBe(0);
     // The job runs again: its input is still there, and this time the chunk counts.
     expect(Buffer.isBuffer(await store.startChunk(id, 0, 10, job))).toBe(true);
-    expect(await store.completeChunk(id, 0, outcome(10, 'again\n'))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'again\n'))).toBe('completed');
     expect((await store.get(id))!).toMatchObject({ status: 'completed', processed: 10 });
-    expect((await store.readResults(id, 0)).take()!.toString()).toBe('again\n');
+    expect((await store.readResults(id, 't', 0)).take()!.toString()).toBe('again\n');
   });
 
-  it('opens no input for a job whose tenant, op, key, encoding, context or target key is not its batch’s (an edited job), and still opens it for the job as made', async () => {
+  it('opens no input for a job whose tenant, op, key, encoding, context, target key or sealing is not its batch’s (an edited job), and still opens it for the job as made', async () => {
     const id = await batchWithChunks(1);
     await store.seal(id);
-    const edits = [{ tenant: 'other' }, { op: 'decrypt' }, { key: 'other' }, { encoding: 'base64' }, { sealedContext: 'c2VhbGVk' }, { context: 'chosen' }, { targetKey: 'other' }] as const;
+    const edits = [{ tenant: 'other' }, { op: 'decrypt' }, { key: 'other' }, { encoding: 'base64' }, { sealedContext: 'c2VhbGVk' }, { context: 'chosen' }, { targetKey: 'other' }, { sealedFor: undefined }] as const;
     for (const edited of edits) expect(await store.startChunk(id, 0, 10, { ...job, ...edited })).toBe('job-mismatch');
     const input = await store.startChunk(id, 0, 10, job);
     expect(Buffer.isBuffer(input) && input.toString()).toBe('input-0');
@@ -165,16 +165,21 @@ describe('chunk accounting', () => {
     const rewrap = { ...job, op: 'rewrap', targetKey: 'k2' } as const;
     const withBoth = await store.create({ ...rewrap, context: 'customers', chunkItems: 10 }, 1000);
     await store.addChunk(withBoth, 0, Buffer.from('input-0'), 10);
-    const made = { ...rewrap, sealedContext: store.sealContext(withBoth, 'customers'), context: '' };
+    const made = { ...rewrap, sealedContext: store.sealContext(withBoth, 't', 'customers'), context: '' };
     for (const edited of [{ sealedContext: undefined }, { sealedContext: undefined, context: 'chosen' }, { context: 'chosen' }, { targetKey: undefined }, { targetKey: 'k3' }]) {
       expect(await store.startChunk(withBoth, 0, 10, { ...made, ...edited })).toBe('job-mismatch');
     }
     expect(Buffer.isBuffer(await store.startChunk(withBoth, 0, 10, made))).toBe(true);
 
-    // An earlier API's record says nothing of context or target key, and its jobs carry the context in the clear.
-    await redis.hdel(keys.batch(withBoth), 'ctx', 'targetKey');
-    expect(Buffer.isBuffer(await store.startChunk(withBoth, 0, 10, { ...rewrap, context: 'customers' }))).toBe(true);
-    expect(await store.startChunk(withBoth, 0, 10, { ...rewrap, tenant: 'other', context: 'customers' })).toBe('job-mismatch');
+    // An earlier API's record says nothing of context, target key or whose its data is sealed
+    // for (the batch's alone), and its jobs carry the context in the clear.
+    const { sealedFor: _, ...earlier } = rewrap;
+    const older = await store.create({ ...earlier, context: 'customers', chunkItems: 10 }, 1000);
+    await redis.hdel(keys.batch(older), 'ctx', 'targetKey', 'bound');
+    await store.addChunk(older, 0, Buffer.from('input-0'), 10);
+    expect(await store.startChunk(older, 0, 10, { ...earlier, context: 'customers' })).toEqual(Buffer.from('input-0'));
+    expect(await store.startChunk(older, 0, 10, { ...earlier, tenant: 'other', context: 'customers' })).toBe('job-mismatch');
+    expect(await store.startChunk(older, 0, 10, { ...rewrap, context: 'customers' })).toBe('job-mismatch');
   });
 
   it('a run that finishes after its batch completed and was deleted counts nothing and brings no results back', async () => {
@@ -184,10 +189,10 @@ describe('chunk accounting', () => {
     // Two runs of chunk 1 hold its input: the job was taken again after its lock was lost.
     expect(Buffer.isBuffer(await store.startChunk(id, 1, 10, job))).toBe(true);
     expect(Buffer.isBuffer(await store.startChunk(id, 1, 10, job))).toBe(true);
-    await store.completeChunk(id, 0, outcome(10, 'a\n'));
-    expect(await store.completeChunk(id, 1, outcome(10, 'b\n'))).toBe('completed');
+    await store.completeChunk(id, 't', 0, outcome(10, 'a\n'));
+    expect(await store.completeChunk(id, 't', 1, outcome(10, 'b\n'))).toBe('completed');
     expect(await store.cancel(id)).toBe(false); // DELETE of a completed batch: its results go
-    expect(await store.completeChunk(id, 1, outcome(10, 'late\n'))).toBe('duplicate');
+    expect(await store.completeChunk(id, 't', 1, outcome(10, 'late\n'))).toBe('duplicate');
     expect((await store.get(id))!).toMatchObject({ status: 'completed', deleted: true, total: 20, processed: 20 });
     expect(Number(await redis.get(keys.backlogItems()))).toBe(backlog - 20);
     expect(await redis.keys(`${keys.batch(id)}:*`)).toEqual([]);
@@ -267,7 +272,7 @@ describe('a reply lost on the way back (ioredis sends the command again)', () =>
     expect((await store.get(id))!).toMatchObject({ chunks: 1, total: 10 });
     expect((await store.backlogItems()) - backlog).toBe(10);
     expect(await store.seal(id)).toBe('progress');
-    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'a\n'))).toBe('completed');
     expect((await store.backlogItems()) - backlog).toBe(0);
   });
 });
@@ -299,11 +304,11 @@ describe('backlog', () => {
     const failed = await make(3);
     const cancelled = await make(1);
     expect(await own.backlogItems()).toBe(60);
-    await own.completeChunk(done, 0, outcome(10, 'a\n'));
-    await own.completeChunk(done, 0, outcome(10, 'a\n')); // a rerun does not count twice
+    await own.completeChunk(done, 't', 0, outcome(10, 'a\n'));
+    await own.completeChunk(done, 't', 0, outcome(10, 'a\n')); // a rerun does not count twice
     expect(await own.backlogItems()).toBe(50);
-    await own.completeChunk(done, 1, outcome(10, 'b\n'));
-    await own.completeChunk(failed, 0, outcome(10, 'c\n'));
+    await own.completeChunk(done, 't', 1, outcome(10, 'b\n'));
+    await own.completeChunk(failed, 't', 0, outcome(10, 'c\n'));
     await own.fail(failed, 'KF_CHUNK_FAILED');
     await own.cancel(cancelled);
     expect(await own.backlogItems()).toBe(0);
@@ -317,7 +322,7 @@ describe('the chunk processor', () => {
   it('a rerun of a chunk whose first run completed the batch (and died before saying so) announces the end', async () => {
     const id = await batchWithChunks(1);
     await store.seal(id);
-    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'a\n'))).toBe('completed');
     const ended: string[] = [];
     // Nothing runs for a chunk counted already: no key, no thread.
     const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
@@ -328,7 +333,7 @@ describe('the chunk processor', () => {
       metrics: new WorkerMetrics(registry, { busySeconds: 0, queueSize: 0, threads: 1 }),
       onBatchEnded: (batchId) => void ended.push(batchId),
     });
-    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records', sealedFor: 'tenant' };
     expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
     expect(ended).toEqual([id]);
     // Counted as the rerun it is, not as a chunk of a batch that ended.
@@ -338,7 +343,7 @@ describe('the chunk processor', () => {
   it('finishes a chunk that ended its batch only once the batch’s webhook is enqueued', async () => {
     const id = await batchWithChunks(1);
     await store.seal(id);
-    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'a\n'))).toBe('completed');
     let enqueued = false;
     const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
     const processChunk = createChunkProcessor({
@@ -348,7 +353,7 @@ describe('the chunk processor', () => {
       // The enqueue takes a Redis round trip or two: a job marked done before it could lose the webhook.
       onBatchEnded: () => new Promise<void>((resolve) => setTimeout(() => resolve(void (enqueued = true)), 50)),
     });
-    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records', sealedFor: 'tenant' };
     expect((await processChunk({ id: 'rerun', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
     expect(enqueued).toBe(true);
   });
@@ -356,7 +361,7 @@ describe('the chunk processor', () => {
   it('fails a chunk whose batch’s webhook Redis refused to enqueue, so that its rerun announces the end again', async () => {
     const id = await batchWithChunks(1);
     await store.seal(id);
-    expect(await store.completeChunk(id, 0, outcome(10, 'a\n'))).toBe('completed');
+    expect(await store.completeChunk(id, 't', 0, outcome(10, 'a\n'))).toBe('completed');
     const unused = new Proxy({}, { get: () => { throw new Error('not used for a chunk counted already'); } }) as never;
     let refuse = true;
     const announced: string[] = [];
@@ -369,7 +374,7 @@ describe('the chunk processor', () => {
         announced.push(batchId);
       },
     });
-    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records' };
+    const data: ChunkJobData = { batchId: id, tenant: 't', chunk: 0, firstIndex: 0, count: 10, op: 'encrypt', key: 'k', encoding: 'utf8', resultFormat: 'records', sealedFor: 'tenant' };
     await expect(processChunk({ id: 'ended', data } as Job<ChunkJobData>)).rejects.toThrow(/OOM/);
     refuse = false;
     expect((await processChunk({ id: 'ended', data } as Job<ChunkJobData>)).completion).toBe('duplicate');
@@ -380,7 +385,7 @@ describe('the chunk processor', () => {
     const id = await store.create({ tenant: 't', op: 'encrypt', key: 'k', encoding: 'utf8', chunkItems: 10, callbackUrl: 'https://hooks.example.com/kf' }, 1000);
     await store.addChunk(id, 0, Buffer.from('input-0'), 10);
     await store.seal(id);
-    await store.completeChunk(id, 0, outcome(10, 'a\n'));
+    await store.completeChunk(id, 't', 0, outcome(10, 'a\n'));
     // A queue whose writes Redis refuses (out of memory): the enqueue's only Redis write fails.
     const refusing = { add: async () => { throw new Error('OOM command not allowed when used memory > maxmemory'); }, close: async () => {} } as unknown as Queue<WebhookJobData>;
     const lines: string[] = [];

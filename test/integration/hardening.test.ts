@@ -473,7 +473,7 @@ describe('query strings', () => {
     const escaped = await uploadWith('context=100%25%20%E2%82%AC');
     expect(escaped.statusCode).toBe(202);
     const job = await app.services.queue.getJob(chunkJobId(escaped.json().batchId, 0));
-    expect(app.services.batches.openContext(escaped.json().batchId, job!.data.sealedContext!)).toBe('100% €');
+    expect(app.services.batches.openContext(escaped.json().batchId, job!.data.tenant, job!.data.sealedContext!)).toBe('100% €');
   });
 
   it('reads `from` as digits only, and refuses its other spellings', async () => {

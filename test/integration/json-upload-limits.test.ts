@@ -237,7 +237,7 @@ async function storedItems(intake: BatchIntake): Promise<Array<{ flag: number; t
   await intake.finish();
   const out: Array<{ flag: number; text?: string }> = [];
   for (let chunk = 0; chunk < Math.ceil(intake.total / 5); chunk++) {
-    forEachItem((await store.readInput(intake.batchId, chunk))!, (flag, bytes) => out.push(flag === ITEM_OK ? { flag, text: bytes.toString('utf8') } : { flag }));
+    forEachItem((await store.readInput(intake.batchId, 'acme', chunk))!, (flag, bytes) => out.push(flag === ITEM_OK ? { flag, text: bytes.toString('utf8') } : { flag }));
   }
   return out;
 }

@@ -83,7 +83,7 @@ async function packed(body: Buffer, cuts: readonly number[], native: boolean, ma
   const out: Array<{ flag: number; text?: string }> = [];
   const chunks = Math.ceil(intake.total / 7);
   for (let chunk = 0; chunk < chunks; chunk++) {
-    forEachItem((await store.readInput(id, chunk))!, (flag, bytes) => out.push(flag === ITEM_OK ? { flag, text: bytes.toString('utf8') } : { flag }));
+    forEachItem((await store.readInput(id, 'acme', chunk))!, (flag, bytes) => out.push(flag === ITEM_OK ? { flag, text: bytes.toString('utf8') } : { flag }));
   }
   return out;
 }
