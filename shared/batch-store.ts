@@ -467,8 +467,14 @@ class StoredChunkStarts implements ChunkLayout {
 
 /** The public view of a batch: what GET /v1/batches/{id} answers. */
 export function publicStatus(record: BatchRecord): BatchStatusBody {
-  const { tenant: _t, encoding: _e, chunks: _c, chunkItems: _ci, chunkStarts: _cs, callbackUrl: _u, sealed: _s, bound: _b, deleted, ...body } = record;
-  return deleted ? { ...body, resultsDeleted: true } : body;
+  // Named one by one: a field the record gains stays out of every answer, event and webhook.
+  const { id, op, key, status, total, processed, succeeded, failed, createdAt, finishedAt, error, deleted } = record;
+  return {
+    id, op, key, status, total, processed, succeeded, failed, createdAt,
+    ...(finishedAt !== undefined ? { finishedAt } : {}),
+    ...(error !== undefined ? { error } : {}),
+    ...(deleted ? { resultsDeleted: true as const } : {}),
+  };
 }
 
 /** A GET whose reply, a Buffer or null, comes in a Handover (ioredis resolves the command's promise with it). */
