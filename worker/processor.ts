@@ -53,7 +53,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
     const input = await batches.startChunk(data.batchId, data.chunk, data.count, data);
     // Its batch fails for it (the failed handler): the batch the job names, which is the one
     // whose record it was held against.
-    if (input === 'job-mismatch') throw new UnrecoverableError('the chunk job does not match its batch (tenant, op, key, encoding, context or target key): it was not run');
+    if (input === 'job-mismatch') throw new UnrecoverableError('the chunk job does not match its batch (tenant, op, key, encoding, context, target key or sealing): it was not run');
     if (!Buffer.isBuffer(input)) {
       // Counted already (a rerun), the batch cancelled or failed, or gone (expired or deleted
       // under this job: startChunk took its items out of the backlog), or its input expired.
