@@ -45,6 +45,9 @@ export interface BatchRecord extends BatchStatusBody {
  */
 export const batchOwner = (batch: Pick<BatchRecord, 'tenant' | 'bound'>): string | undefined => (batch.bound ? batch.tenant : undefined);
 
+/** `batchOwner` as a chunk job says it (startChunk holds the claim against the record). */
+export const jobOwner = (job: Pick<ChunkJobClaims, 'tenant' | 'sealedFor'>): string | undefined => batchOwner({ tenant: job.tenant, bound: job.sealedFor === 'tenant' });
+
 /** The id that batch data is sealed under: the batch's, and its tenant's where it is bound. */
 const sealId = (id: string, owner: string | undefined): string => (owner === undefined ? id : `${id}@${owner}`);
 
@@ -179,7 +182,7 @@ export class BatchStore {
    */
   async addChunk(id: string, chunk: number, packed: Buffer, count: number): Promise<void> {
     const [tenant, bound] = await this.#redis.hmget(this.#keys.batch(id), 'tenant', 'bound');
-    const owner = bound === '1' ? (tenant ?? '') : undefined;
+    const owner = batchOwner({ tenant: tenant ?? '', bound: bound === '1' });
     await this.addSealedChunk(id, chunk, this.#sealer.seal('batch', sealId(id, owner), `in:${chunk}`, packed), count, chunk * count);
   }
 
@@ -280,7 +283,7 @@ export class BatchStore {
     }) as [Array<string | null>, Buffer | null];
     const [status, ...described] = record;
     if (status && !jobMatches(job, described)) return 'job-mismatch';
-    const owner = job.sealedFor === 'tenant' ? job.tenant : undefined; // the record's, as jobMatches found
+    const owner = jobOwner(job); // the record's, as jobMatches found
     if (status && sealed) return this.#sealer.open('batch', sealId(id, owner), `in:${chunk}`, sealed);
     const message = `the input of chunk ${chunk} expired before the chunk ran (it waited more than ${this.#chunkTtl} s)`;
     const settled = await this.#redis.kfChunkSettle(k.batch(id), k.batchInput(id, chunk), k.batchDone(id), k.backlogItems(), k.batchUpload(id),

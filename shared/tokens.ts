@@ -40,6 +40,7 @@ const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]+$`);
 export function parseTokens(spec: string): TokenEntry[] {
   const isScope = (s: string): boolean => (SCOPES as readonly string[]).includes(s);
   const entries = spec.split(',').map((s) => s.trim()).filter(Boolean);
+  const entryOf = new Map<string, number>(); // each token's entry
   return entries.map((entry, index) => {
     const fail: (expected: string) => never = (expected) => {
       throw new Error(`entry ${index + 1}: expected ${expected}`);
@@ -57,8 +58,9 @@ export function parseTokens(spec: string): TokenEntry[] {
     const scopes = scopeList === undefined || scopeList === '' ? DEFAULT_SCOPES : scopeList.split('+');
     if (!scopes.every(isScope)) fail(`scopes among ${SCOPES.join(', ')}, joined by +`);
     // A token names one principal: a second entry with it would never be the one found.
-    const first = entries.findIndex((other) => other.split(':')[1] === token);
-    if (first < index) fail(`a token of its own, got the token of entry ${first + 1} (a token stands for one tenant and its scopes)`);
+    const first = entryOf.get(token);
+    if (first !== undefined) fail(`a token of its own, got the token of entry ${first + 1} (a token stands for one tenant and its scopes)`);
+    entryOf.set(token, index);
     return { tenant, token, scopes: new Set(scopes as Scope[]) };
   });
 }

@@ -1,5 +1,5 @@
 import { UnrecoverableError, type Job } from 'bullmq';
-import type { BatchStore, ChunkCompletion } from '../shared/batch-store.js';
+import { jobOwner, type BatchStore, type ChunkCompletion } from '../shared/batch-store.js';
 import type { ChunkJob } from '../shared/crypto/chunk-kernel.js';
 import { KeyfleetError } from '../shared/errors.js';
 import type { KeyRing } from '../shared/crypto/key-ring.js';
@@ -74,7 +74,7 @@ export function createChunkProcessor({ batches, keyCache, keyPolicy, pool, logge
 
     // '' stands beside a sealed context only (see chunkJobData): never a context of its own.
     // Whose the batch's data is sealed for: the job's tenant is its batch's (startChunk held it).
-    const owner = data.sealedFor === 'tenant' ? data.tenant : undefined;
+    const owner = jobOwner(data);
     const context = data.sealedContext === undefined ? data.context || undefined : openContext(batches, data.batchId, owner, data.sealedContext);
     const spec: ChunkJob = { op: data.op, encoding: data.encoding, maxItemBytes, ...(context !== undefined ? { context } : {}) };
     // Encrypt and same-key rewrap seal under the key's latest version (rotated first when due);
