@@ -218,7 +218,8 @@ const envSchema = z.object({
   /**
    * `true`: Bull Board's actions (pause, retry, add, edit, clean and remove jobs, empty a queue)
    * work for admin tokens. Off by default, the board only shows: removing or emptying chunk jobs
-   * leaves their batches running for ever, and a chunk job's data says what a worker runs.
+   * leaves their batches unfinished until their records expire, and a chunk job's data says what
+   * a worker runs.
    */
   BULL_BOARD_ACTIONS: z.enum(['true', 'false', '1', '0']).default('false'),
 });
