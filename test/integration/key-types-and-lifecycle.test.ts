@@ -373,6 +373,36 @@ describe('nonce budget and automatic rotation', () => {
     expect([gone.statusCode, gone.json().error.code]).toEqual([410, 'KF_BATCH_DELETED']);
   });
 
+  it('numbers a failed batch\'s lines right when CHUNK_BYTES closed its chunks at uneven counts', async () => {
+    // Chunks close at 64 KiB: 2 items of 40 KB, 5 of 15 KB, 3 of 30 KB, 1 of 64 KiB, then 4 short
+    // ones. A budget of 7 runs the first two; the third is refused whole and fails the batch.
+    const { env, admin } = testEnv({ NONCE_LIMIT: '7', NONCE_ROTATE_SHARE: '0', CHUNK_ITEMS: '1000', CHUNK_BYTES: String(64 * 1024), WORKER_THREADS: '1', WORKER_CONCURRENCY: '1' });
+    const app = await api(env);
+    await call(app, admin, 'POST', '/v1/keys/uneven');
+    const sized = (count: number, bytes: number, tag: string) => Array.from({ length: count }, (_, i) => `${tag}${i}-`.padEnd(bytes, 'x'));
+    const items = [...sized(2, 40_000, 'a'), ...sized(5, 15_000, 'b'), ...sized(3, 30_000, 'c'), ...sized(1, 64 * 1024, 'd'), ...sized(4, 10, 'e')];
+    const upload = await app.inject({ method: 'POST', url: '/v1/batches?op=encrypt&key=uneven', headers: { ...bearer(admin), 'content-type': 'application/x-ndjson' }, payload: items.map((item) => JSON.stringify(item)).join('\n') + '\n' });
+    expect(upload.statusCode, upload.body).toBe(202);
+    const id: string = upload.json().batchId;
+    const starts = (await redis.getBuffer(`${env['KEYFLEET_PREFIX']}:batch:${id}:starts`))!;
+    expect(Array.from({ length: starts.length / 4 }, (_, c) => starts.readUInt32BE(c * 4))).toEqual([0, 2, 7, 10, 11]);
+    workers.push(await startWorker(env));
+    const ended = await waitFor(app, admin, id);
+    expect(ended).toMatchObject({ status: 'failed', total: 15, processed: 7, succeeded: 7, error: { code: 'KF_CHUNK_FAILED', message: expect.stringContaining('KF_NONCE_BUDGET_EXHAUSTED') } });
+
+    const notProcessed = (i: number) => ({ i, error: { code: 'KF_ITEM_NOT_PROCESSED', message: 'the batch failed before this item was processed (its status says why)' } });
+    const lines = await batchResults(app, admin, id);
+    expect(lines.map((line) => line.i)).toEqual(items.map((_, i) => i));
+    expect(lines.slice(7)).toEqual(items.slice(7).map((_, i) => notProcessed(7 + i)));
+    const opened = await results(app, admin, 'decrypt', 'uneven', { items: lines.slice(0, 7).map((line) => line.ciphertext as string) });
+    expect(opened.map((r) => r.plaintext)).toEqual(items.slice(0, 7));
+    // From inside the chunk of five that ran, inside the refused one, and on the large item's chunk.
+    for (const from of [4, 8, 10]) {
+      const rest = (await call(app, admin, 'GET', `/v1/batches/${id}/results?from=${from}`)).body.trim().split('\n').map((l) => JSON.parse(l));
+      expect(rest).toEqual(lines.slice(from));
+    }
+  });
+
   it('a rewrap that meets a version rotated in by another API seals under that version and counts against it', async () => {
     const { env, admin } = testEnv();
     const [a, b] = [await api(env), await api(env)];
