@@ -136,7 +136,8 @@ export class BatchStore {
     // the pieces may come up to UPLOAD_IDLE_SECONDS apart: the lease outlasts both together,
     // with a renewal to spare, or a live upload that paused could count as abandoned.
     const idleMs = uploadIdleSeconds * 1000;
-    this.#keepAliveMs = Math.min(10_000, idleMs / 3);
+    // Whole milliseconds: Redis takes no other for PX.
+    this.#keepAliveMs = Math.min(10_000, Math.floor(idleMs / 3));
     this.#leaseMs = idleMs + 2 * this.#keepAliveMs;
     this.#sealer = sealer;
     defineBatchScripts(redis);

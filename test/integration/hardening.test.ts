@@ -259,6 +259,19 @@ describe('limits', () => {
     }
   });
 
+  it('makes batches under an UPLOAD_IDLE_SECONDS that is no multiple of 3 (the upload lease in whole milliseconds)', async () => {
+    // A third of 5 s is no whole number of milliseconds, and Redis takes none other for PX.
+    const idle = testEnv({ UPLOAD_IDLE_SECONDS: '5' });
+    const idleApp = await api(idle.env);
+    expect((await call(idleApp, idle.admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+    const uploaded = await upload(idleApp, idle.admin, 'encrypt', ['a', 'b']);
+    expect(uploaded.statusCode, uploaded.body).toBe(202);
+    const queued = await call(idleApp, idle.admin, 'POST', '/v1/encrypt/serials', { items: ['x'], mode: 'async' });
+    expect(queued.statusCode, queued.body).toBe(202);
+    const lease = await redis.pttl(`${idle.env['KEYFLEET_PREFIX']}:batch:${uploaded.json().batchId}:upload`);
+    expect(lease).toBe(-2); // sealed: the lease is gone once the upload is whole
+  });
+
   it('fails an upload or a JSON body that sends nothing for UPLOAD_IDLE_SECONDS with 408 (and the upload’s batch), not one that keeps coming', async () => {
     const idle = testEnv({ UPLOAD_IDLE_SECONDS: '3' });
     const idleApp = await api(idle.env);
