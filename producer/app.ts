@@ -165,7 +165,7 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   app.addHook('onRequest', refuseWithoutHost);
   coalesceWrites(app);
   app.addHook('preParsing', refuseCompressedBodies);
-  app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxBodyBytes)));
+  app.addHook('preParsing', watchBodies(config.uploadIdleSeconds, new BodyBudget(config.maxBodyBytesInFlight, config.maxTenantBodyBytesInFlight, config.maxBodyBytes)));
   // A query parameter an API route does not take is a 400, as an unknown body field is: a
   // mistyped one must not be ignored. Routes that take parameters refuse unknown ones in their
   // schema, and values they could not decode here; the others refuse any parameter. Each check

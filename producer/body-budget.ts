@@ -1,7 +1,8 @@
 import type { ServerResponse } from 'node:http';
 
-type Tracked = ServerResponse & { [HELD]?: number };
+type Tracked = ServerResponse & { [HELD]?: number; [OWNER]?: string };
 const HELD = Symbol('keyfleet.bodyBytesHeld');
+const OWNER = Symbol('keyfleet.bodyOwner');
 
 /**
  * A bound on the request bodies the API holds at once. fastify reads a JSON body whole (up to
@@ -17,43 +18,71 @@ const HELD = Symbol('keyfleet.bodyBytesHeld');
  * headers); what a response reserved is given back when it closes. A body that would take the
  * bodies held past `limit` (MAX_BODY_BYTES_IN_FLIGHT) is refused, unless it is the only one held:
  * a limit below MAX_BODY_BYTES slows the API down rather than shutting large bodies out.
+ *
+ * Each tenant's bodies are also bound by `tenantLimit` (MAX_TENANT_BODY_BYTES_IN_FLIGHT), unless
+ * the body is the only one the tenant holds. Without it, one tenant's three 16 MiB bodies sent a
+ * byte at a time (each byte within UPLOAD_IDLE_SECONDS of the last) held the whole default budget
+ * for as long as they liked, and every other tenant's sync and key requests were answered 503.
  */
 export class BodyBudget {
   #held = 0;
+  /** What each tenant holds ('' for requests without one); a tenant holding nothing has no entry. */
+  readonly #byTenant = new Map<string, number>();
   readonly #limit: number;
+  readonly #tenantLimit: number;
   readonly #maxBodyBytes: number;
 
   /** The 'close' listener of every tracked response (`this`): one function, no closure per request. */
   readonly #release: (this: Tracked) => void;
 
-  constructor(limit: number, maxBodyBytes: number) {
+  constructor(limit: number, tenantLimit: number, maxBodyBytes: number) {
     this.#limit = limit;
+    this.#tenantLimit = tenantLimit;
     this.#maxBodyBytes = maxBodyBytes;
     const budget = this;
     this.#release = function (this: Tracked): void {
-      budget.#held -= this[HELD] ?? 0;
+      const held = this[HELD] ?? 0;
+      budget.#held -= held;
+      budget.#add(this[OWNER]!, -held);
     };
+  }
+
+  /** Adds `bytes` to what `tenant` holds; what it holds now. */
+  #add(tenant: string, bytes: number): number {
+    const held = (this.#byTenant.get(tenant) ?? 0) + bytes;
+    if (held > 0) this.#byTenant.set(tenant, held);
+    else this.#byTenant.delete(tenant);
+    return held;
   }
 
   /**
    * Reserves `bytes` (at most MAX_BODY_BYTES: fastify refuses a longer body with 413) for the body
-   * answered by `res`, until it closes; false, and nothing reserved, when that would pass the limit.
+   * of `tenant` answered by `res`, until it closes; false, and nothing reserved, when that would
+   * pass the limit or the tenant's.
    */
-  reserve(res: ServerResponse, bytes: number): boolean {
+  reserve(res: ServerResponse, bytes: number, tenant: string): boolean {
     const taken = Math.min(bytes, this.#maxBodyBytes);
     if (this.#held > 0 && this.#held + taken > this.#limit) return false;
+    const own = this.#byTenant.get(tenant) ?? 0;
+    if (own > 0 && own + taken > this.#tenantLimit) return false;
     this.#held += taken;
+    this.#byTenant.set(tenant, own + taken);
     (res as Tracked)[HELD] = taken;
+    (res as Tracked)[OWNER] = tenant;
     // 'close' comes once, when the answer is sent or the connection is gone before it.
     res.on('close', this.#release);
     return true;
   }
 
-  /** Counts `bytes` more of a body `res` reserved for; false once the bodies held pass the limit (they stay counted until it closes). */
+  /**
+   * Counts `bytes` more of a body `res` reserved for; false once the bodies held pass the limit,
+   * or its tenant's pass the tenant's (they stay counted until it closes).
+   */
   grow(res: ServerResponse, bytes: number): boolean {
     const tracked = res as Tracked;
-    tracked[HELD] = (tracked[HELD] ?? 0) + bytes;
+    const mine = (tracked[HELD] = (tracked[HELD] ?? 0) + bytes);
     this.#held += bytes;
-    return this.#held <= this.#limit || tracked[HELD] === this.#held;
+    const own = this.#add(tracked[OWNER]!, bytes);
+    return (this.#held <= this.#limit || mine === this.#held) && (own <= this.#tenantLimit || mine === own);
   }
 }

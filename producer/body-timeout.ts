@@ -17,8 +17,9 @@ const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retr
 /**
  * A preParsing hook, for every request with a body (the 404 handler's too: fastify reads its
  * body as well), before the body is read and after authentication and the rate limit:
- * - the body is counted against the bodies held at once (`budget`, MAX_BODY_BYTES_IN_FLIGHT): by
- *   its Content-Length now, refused 503 KF_BUSY with Retry-After when it would pass the bound; a
+ * - the body is counted against the bodies held at once (`budget`, MAX_BODY_BYTES_IN_FLIGHT, and
+ *   its tenant's share, MAX_TENANT_BODY_BYTES_IN_FLIGHT): by its Content-Length now, refused 503
+ *   KF_BUSY with Retry-After when it would pass either bound; a
  *   chunked one piece by piece as it arrives, failing KF_BUSY at the piece that passes it (one
  *   already whole, by its bytes now);
  * - a body that sends nothing for `seconds` (UPLOAD_IDLE_SECONDS, as for an upload) is answered
@@ -42,7 +43,8 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
     // body already in still flow to the watch's 'data' listener, so it counts them with the rest;
     // but one that came whole with its headers (in their socket read, up to 64 KB) gets no watch:
     // its bytes are all buffered, and counted now.
-    if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0)) return done(busy());
+    // Counted for its tenant too ('' before authentication: the 404 handler's, the public routes').
+    if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0, request.principal?.tenant ?? '')) return done(busy());
     // A small body mostly comes in the same socket read as its headers, and this hook runs while
     // they are parsed, before it: a body of known length (its bytes reserved already, so no piece
     // of it needs to be seen) is watched from the end of the turn, if it is not whole by then.

@@ -146,6 +146,12 @@ const envSchema = z.object({
    */
   MAX_BODY_BYTES_IN_FLIGHT: int(1024).default(48 * 1024 * 1024),
   /**
+   * The part of MAX_BODY_BYTES_IN_FLIGHT one tenant's bodies may hold at once (default half of
+   * it): a tenant whose clients send slowly, or too much at once, cannot take the whole budget
+   * and have every other tenant's requests answered 503.
+   */
+  MAX_TENANT_BODY_BYTES_IN_FLIGHT: int(1024).optional(),
+  /**
    * The largest item; an NDJSON line may be up to 6× this plus its quotes (every byte escaped as
    * \u00XX). At most 16 MiB: the kernels count an item's bytes in 32 bits (6× included).
    */
@@ -244,6 +250,7 @@ export interface Config {
   readonly keyCacheTtlMs: number;
   readonly maxBodyBytes: number;
   readonly maxBodyBytesInFlight: number;
+  readonly maxTenantBodyBytesInFlight: number;
   readonly maxItemBytes: number;
   readonly maxBatchItems: number;
   readonly maxActiveBatches: number;
@@ -355,6 +362,7 @@ export function loadConfig(given: NodeJS.ProcessEnv = process.env, required: rea
     keyCacheTtlMs: e.KEY_CACHE_TTL_MS,
     maxBodyBytes: e.MAX_BODY_BYTES,
     maxBodyBytesInFlight: e.MAX_BODY_BYTES_IN_FLIGHT,
+    maxTenantBodyBytesInFlight: e.MAX_TENANT_BODY_BYTES_IN_FLIGHT ?? Math.floor(e.MAX_BODY_BYTES_IN_FLIGHT / 2),
     maxItemBytes: e.MAX_ITEM_BYTES,
     maxBatchItems: e.MAX_BATCH_ITEMS,
     maxActiveBatches: e.MAX_ACTIVE_BATCHES,

@@ -337,10 +337,28 @@ describe('limits', () => {
   });
 });
 
+/** A sync encrypt to the API on `port` whose body is `bytes` long, of which `sent` are written at once; the rest with `finish()`. */
+function slowEncrypt(port: number, token: string, bytes: number, sent: number): { answer: Promise<string>; finish: () => void; drop: () => void } {
+  const items = JSON.stringify({ items: ['x'.repeat(bytes - 14)] }); // {"items":["…"]} is 14 more
+  expect(items.length).toBe(bytes);
+  const head = `POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${token}\r\nContent-Type: application/json\r\nContent-Length: ${bytes}\r\nConnection: close\r\n\r\n`;
+  const socket = connect(port, '127.0.0.1', () => socket.write(head + items.slice(0, sent)));
+  const answer = new Promise<string>((resolve) => {
+    let text = '';
+    socket.setEncoding('latin1').on('data', (d) => (text += d));
+    socket.on('error', () => {}).on('close', () => resolve(text));
+    setTimeout(() => socket.destroy(), 20_000).unref();
+  });
+  return { answer, finish: () => void socket.write(items.slice(sent)), drop: () => void socket.destroy() };
+}
+
+const statusOf = (answer: string): number => Number(/^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1]);
+
 describe('request bodies held at once', () => {
   // One API may hold 1.5 MiB of bodies: one of 1,000,000 bytes arriving leaves room for small
-  // ones, not for another of 600,000.
-  const { env, admin } = testEnv({ MAX_BODY_BYTES: '1048576', MAX_BODY_BYTES_IN_FLIGHT: String(1.5 * 1024 * 1024) });
+  // ones, not for another of 600,000. One tenant may hold all of it here (its share is below).
+  const inFlight = String(1.5 * 1024 * 1024);
+  const { env, admin } = testEnv({ MAX_BODY_BYTES: '1048576', MAX_BODY_BYTES_IN_FLIGHT: inFlight, MAX_TENANT_BODY_BYTES_IN_FLIGHT: inFlight });
   let port: number;
   beforeAll(async () => {
     const app = await api(env);
@@ -348,22 +366,7 @@ describe('request bodies held at once', () => {
     expect((await call(app, admin, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
   });
 
-  /** A sync encrypt whose body is `bytes` long, of which `sent` are written at once; the rest with `finish()`. */
-  function slowRequest(bytes: number, sent: number): { answer: Promise<string>; finish: () => void; drop: () => void } {
-    const items = JSON.stringify({ items: ['x'.repeat(bytes - 14)] }); // {"items":["…"]} is 14 more
-    expect(items.length).toBe(bytes);
-    const head = `POST /v1/encrypt/serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin.token}\r\nContent-Type: application/json\r\nContent-Length: ${bytes}\r\nConnection: close\r\n\r\n`;
-    const socket = connect(port, '127.0.0.1', () => socket.write(head + items.slice(0, sent)));
-    const answer = new Promise<string>((resolve) => {
-      let text = '';
-      socket.setEncoding('latin1').on('data', (d) => (text += d));
-      socket.on('error', () => {}).on('close', () => resolve(text));
-      setTimeout(() => socket.destroy(), 20_000).unref();
-    });
-    return { answer, finish: () => void socket.write(items.slice(sent)), drop: () => void socket.destroy() };
-  }
-
-  const statusOf = (answer: string): number => Number(/^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1]);
+  const slowRequest = (bytes: number, sent: number) => slowEncrypt(port, admin.token, bytes, sent);
 
   it('answers 503 KF_BUSY with Retry-After, before reading it, to a body that would pass MAX_BODY_BYTES_IN_FLIGHT, and takes it once the room is back', async () => {
     const large = slowRequest(1_000_000, 1_000);
@@ -456,6 +459,42 @@ describe('request bodies held at once', () => {
     await gone.answer;
     await sleep(200);
     expect(statusOf(await slowRequest(600_000, 600_000).answer)).toBe(200);
+  });
+});
+
+describe('one tenant’s share of the bodies held at once', () => {
+  // 1.5 MiB in flight, half of it (the default share) for any one tenant.
+  const { env, admin, other } = testEnv({ MAX_BODY_BYTES: '1048576', MAX_BODY_BYTES_IN_FLIGHT: String(1.5 * 1024 * 1024) });
+  let port: number;
+  beforeAll(async () => {
+    const app = await api(env);
+    port = Number(new URL(await app.listen({ host: '127.0.0.1', port: 0 })).port);
+    for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
+  });
+
+  it('keeps a tenant whose bodies come slowly from taking the room of the others: its next body is refused, theirs pass', async () => {
+    // acme sends 700,000 and 600,000 bytes a trickle at a time: together within the API's 1.5
+    // MiB, and so, counted for the API alone, they left another tenant no room for 300,000.
+    const held = [slowEncrypt(port, admin.token, 700_000, 1_000)];
+    try {
+      await sleep(200);
+      held.push(slowEncrypt(port, admin.token, 600_000, 1_000));
+      const second = await held[1]!.answer;
+      expect(statusOf(second)).toBe(503);
+      expect(second).toContain('"code":"KF_BUSY"');
+      const theirs = await Promise.all([slowEncrypt(port, other.token, 300_000, 300_000).answer, slowEncrypt(port, other.token, 400_000, 400_000).answer]);
+      expect(theirs.map(statusOf)).toEqual([200, 200]);
+      // Its own small requests still pass beside its one large body, within its share.
+      expect(statusOf(await slowEncrypt(port, admin.token, 50_000, 50_000).answer)).toBe(200);
+      held[0]!.finish();
+      expect(statusOf(await held[0]!.answer)).toBe(200);
+      await sleep(200);
+      // Its share is back: the 600,000 passes now.
+      expect(statusOf(await slowEncrypt(port, admin.token, 600_000, 600_000).answer)).toBe(200);
+    } finally {
+      for (const request of held) request.drop();
+      await sleep(200);
+    }
   });
 });
 

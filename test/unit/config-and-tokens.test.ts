@@ -27,6 +27,13 @@ describe('configuration', () => {
     expect(Object.isFrozen(config)).toBe(true);
   });
 
+  it('gives one tenant half of MAX_BODY_BYTES_IN_FLIGHT unless MAX_TENANT_BODY_BYTES_IN_FLIGHT says otherwise', () => {
+    expect(loadConfig({})).toMatchObject({ maxBodyBytesInFlight: 48 * 1024 * 1024, maxTenantBodyBytesInFlight: 24 * 1024 * 1024 });
+    expect(loadConfig({ MAX_BODY_BYTES_IN_FLIGHT: '3000000' }).maxTenantBodyBytesInFlight).toBe(1_500_000);
+    expect(loadConfig({ MAX_TENANT_BODY_BYTES_IN_FLIGHT: '50331648' }).maxTenantBodyBytesInFlight).toBe(50_331_648);
+    expect(errorOf({ MAX_TENANT_BODY_BYTES_IN_FLIGHT: '10' })).toMatch(/MAX_TENANT_BODY_BYTES_IN_FLIGHT: /);
+  });
+
   it('keeps Bull Board read-only unless BULL_BOARD_ACTIONS is true or 1', () => {
     expect(['', 'false', '0', 'true', '1'].map((v) => loadConfig(v === '' ? {} : { BULL_BOARD_ACTIONS: v }).bullBoardActions)).toEqual([false, false, false, true, true]);
     expect(errorOf({ BULL_BOARD_ACTIONS: 'yes' })).toMatch(/BULL_BOARD_ACTIONS: /);
