@@ -4,6 +4,9 @@ type Tracked = ServerResponse & { [HELD]?: number; [OWNER]?: string };
 const HELD = Symbol('keyfleet.bodyBytesHeld');
 const OWNER = Symbol('keyfleet.bodyOwner');
 
+/** Which bound a body would pass: the API's (MAX_BODY_BYTES_IN_FLIGHT) or its tenant's share. */
+export type BodyRefusal = 'api' | 'tenant';
+
 /**
  * A bound on the request bodies the API holds at once. fastify reads a JSON body whole (up to
  * MAX_BODY_BYTES) before the handler runs, and by its answer a request has taken several times
@@ -57,32 +60,33 @@ export class BodyBudget {
 
   /**
    * Reserves `bytes` (at most MAX_BODY_BYTES: fastify refuses a longer body with 413) for the body
-   * of `tenant` answered by `res`, until it closes; false, and nothing reserved, when that would
-   * pass the limit or the tenant's.
+   * of `tenant` answered by `res`, until it closes; undefined when it is reserved, or the bound it
+   * would pass (nothing reserved).
    */
-  reserve(res: ServerResponse, bytes: number, tenant: string): boolean {
+  reserve(res: ServerResponse, bytes: number, tenant: string): BodyRefusal | undefined {
     const taken = Math.min(bytes, this.#maxBodyBytes);
-    if (this.#held > 0 && this.#held + taken > this.#limit) return false;
+    if (this.#held > 0 && this.#held + taken > this.#limit) return 'api';
     const own = this.#byTenant.get(tenant) ?? 0;
-    if (own > 0 && own + taken > this.#tenantLimit) return false;
+    if (own > 0 && own + taken > this.#tenantLimit) return 'tenant';
     this.#held += taken;
     this.#byTenant.set(tenant, own + taken);
     (res as Tracked)[HELD] = taken;
     (res as Tracked)[OWNER] = tenant;
     // 'close' comes once, when the answer is sent or the connection is gone before it.
     res.on('close', this.#release);
-    return true;
+    return undefined;
   }
 
   /**
-   * Counts `bytes` more of a body `res` reserved for; false once the bodies held pass the limit,
-   * or its tenant's pass the tenant's (they stay counted until it closes).
+   * Counts `bytes` more of a body `res` reserved for; the bound passed once the bodies held pass
+   * the limit, or its tenant's pass the tenant's (they stay counted until it closes).
    */
-  grow(res: ServerResponse, bytes: number): boolean {
+  grow(res: ServerResponse, bytes: number): BodyRefusal | undefined {
     const tracked = res as Tracked;
     const mine = (tracked[HELD] = (tracked[HELD] ?? 0) + bytes);
     this.#held += bytes;
     const own = this.#add(tracked[OWNER]!, bytes);
-    return (this.#held <= this.#limit || mine === this.#held) && (own <= this.#tenantLimit || mine === own);
+    if (this.#held > this.#limit && mine !== this.#held) return 'api';
+    return own > this.#tenantLimit && mine !== own ? 'tenant' : undefined;
   }
 }

@@ -2,7 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { preParsingHookHandler } from 'fastify';
 import { KeyfleetError } from '../shared/errors.js';
-import type { BodyBudget } from './body-budget.js';
+import type { BodyBudget, BodyRefusal } from './body-budget.js';
 import { atEndOfTurn } from './end-of-turn.js';
 
 declare module 'fastify' {
@@ -12,7 +12,8 @@ declare module 'fastify' {
   }
 }
 
-const busy = (): KeyfleetError => new KeyfleetError('KF_BUSY', undefined, { retryAfterSeconds: 1 });
+const TENANT_BUSY = "the tenant's requests hold as many request bodies as one tenant may at once on this API; retry shortly";
+const busy = (bound: BodyRefusal): KeyfleetError => new KeyfleetError('KF_BUSY', bound === 'tenant' ? TENANT_BUSY : undefined, { retryAfterSeconds: 1 });
 
 /**
  * A preParsing hook, for every request with a body (the 404 handler's too: fastify reads its
@@ -44,7 +45,8 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
     // but one that came whole with its headers (in their socket read, up to 64 KB) gets no watch:
     // its bytes are all buffered, and counted now.
     // Counted for its tenant too ('' before authentication: the 404 handler's, the public routes').
-    if (!budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0, request.principal?.tenant ?? '')) return done(busy());
+    const refused = budget.reserve(res, chunked ? (raw.complete ? raw.readableLength : 0) : Number(declared) || 0, request.principal?.tenant ?? '');
+    if (refused) return done(busy(refused));
     // A small body mostly comes in the same socket read as its headers, and this hook runs while
     // they are parsed, before it: a body of known length (its bytes reserved already, so no piece
     // of it needs to be seen) is watched from the end of the turn, if it is not whole by then.
@@ -66,7 +68,7 @@ export function watchBodies(seconds: number, budget: BodyBudget): preParsingHook
  * of its own (a PassThrough per body cost the API 10–25% more CPU per sync request in an A/B
  * run).
  */
-function watchPauses(body: Readable, request: IncomingMessage, seconds: number, count?: (bytes: number) => boolean): void {
+function watchPauses(body: Readable, request: IncomingMessage, seconds: number, count?: (bytes: number) => BodyRefusal | undefined): void {
   const socket = request.socket;
   const fail = (err: KeyfleetError): void => {
     stop();
@@ -77,7 +79,8 @@ function watchPauses(body: Readable, request: IncomingMessage, seconds: number, 
   const alive = count
     ? (piece: Buffer): void => {
         timer.refresh();
-        if (!count(piece.length)) fail(busy());
+        const refused = count(piece.length);
+        if (refused) fail(busy(refused));
       }
     : (): void => void timer.refresh();
   const stop = (): void => {

@@ -3,7 +3,8 @@ import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { hasZodFastifySchemaValidationErrors } from 'fastify-type-provider-zod';
 import { KeyfleetError, UPLOAD_MEDIA_TYPES, type ErrorCode } from '../../shared/errors.js';
-import type { ConnectionErrorLog } from '../../shared/redis.js';
+import type { Logger } from '../../shared/logger.js';
+import { ConnectionErrorLog } from '../../shared/redis.js';
 import { closeAfterAnswer } from '../lingering-close.js';
 import type { RouteMethods } from '../route-methods.js';
 
@@ -51,6 +52,12 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, 
   // Every write fails alike while Redis is full: logged as the outage is, once per interval.
   const redisFull = (request: FastifyRequest, cause: Error): void =>
     connectionErrors.report('request', cause, 'request failed: redis full (maxmemory)', { reqId: request.id, code: 'KF_REDIS_FULL' });
+  // Refusals under load come many at a time, and a client can bring them on (bodies sent slowly):
+  // one line per message (the API's bound, or a tenant's share) per interval, with the tenant of
+  // the first, and how many were held back. The request metrics count every one by status.
+  const refusals = new ConnectionErrorLog(app.log as Logger); // the pino logger buildApp gave fastify
+  const busy = (request: FastifyRequest, cause: Error): void =>
+    refusals.report('request', cause, 'request refused: request bodies held at once', { reqId: request.id, code: 'KF_BUSY', ...(request.principal ? { tenant: request.principal.tenant } : {}) });
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
     let error: KeyfleetError;
@@ -58,6 +65,7 @@ export const errorsPlugin = fp(async (app: FastifyInstance, { connectionErrors, 
       error = err;
       const cause = err.cause instanceof Error ? err.cause : err;
       if (error.code === 'KF_REDIS_UNAVAILABLE') redisDown(request, cause);
+      else if (error.code === 'KF_BUSY') busy(request, cause);
       else if (error.status >= 500) request.log.error({ code: error.code, err: { message: cause.message } }, 'request failed');
     } else if (hasZodFastifySchemaValidationErrors(err)) {
       const where = err.validationContext ?? 'request';

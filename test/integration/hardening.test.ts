@@ -4,12 +4,14 @@ import { createHash, randomBytes } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
 import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { IdempotencyStore, pendingMs } from '../../producer/idempotency.js';
 import { EXCHANGE_MS } from '../../producer/plugins/rate-limit.js';
 import { AtRestSealer } from '../../shared/at-rest.js';
 import { chunkJobId } from '../../shared/queue.js';
+import { createLogger } from '../../shared/logger.js';
 import { RedisKeys } from '../../shared/redis.js';
 import { buildApp } from '../../producer/app.js';
 import { call, TestApis } from '../helpers/apps.js';
@@ -465,9 +467,11 @@ describe('request bodies held at once', () => {
 describe('one tenant’s share of the bodies held at once', () => {
   // 1.5 MiB in flight, half of it (the default share) for any one tenant.
   const { env, admin, other } = testEnv({ MAX_BODY_BYTES: '1048576', MAX_BODY_BYTES_IN_FLIGHT: String(1.5 * 1024 * 1024) });
+  const logLines: string[] = [];
   let port: number;
   beforeAll(async () => {
-    const app = await api(env);
+    const sink = new Writable({ write: (chunk, _enc, done) => (logLines.push(String(chunk)), done()) });
+    const app = await apis.start(env, createLogger({ level: 'info', name: 'shares', destination: sink }));
     port = Number(new URL(await app.listen({ host: '127.0.0.1', port: 0 })).port);
     for (const who of [admin, other]) expect((await call(app, who, 'POST', '/v1/keys/serials')).statusCode).toBe(201);
   });
@@ -481,7 +485,12 @@ describe('one tenant’s share of the bodies held at once', () => {
       held.push(slowEncrypt(port, admin.token, 600_000, 1_000));
       const second = await held[1]!.answer;
       expect(statusOf(second)).toBe(503);
-      expect(second).toContain('"code":"KF_BUSY"');
+      expect(second).toContain(`"code":"KF_BUSY","message":"the tenant's requests hold as many request bodies as one tenant may at once on this API; retry shortly"`);
+      // Refused again and again, as a client that keeps trying is: one log line, naming the tenant.
+      const again = await Promise.all(Array.from({ length: 5 }, () => slowEncrypt(port, admin.token, 600_000, 0).answer));
+      expect(again.map(statusOf)).toEqual([503, 503, 503, 503, 503]);
+      const refusals = logLines.map((line) => JSON.parse(line)).filter((line) => line.code === 'KF_BUSY');
+      expect(refusals).toEqual([expect.objectContaining({ level: 50, msg: 'request refused: request bodies held at once', tenant: admin.tenant })]);
       const theirs = await Promise.all([slowEncrypt(port, other.token, 300_000, 300_000).answer, slowEncrypt(port, other.token, 400_000, 400_000).answer]);
       expect(theirs.map(statusOf)).toEqual([200, 200]);
       // Its own small requests still pass beside its one large body, within its share.
