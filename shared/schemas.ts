@@ -144,7 +144,7 @@ export const cryptoBody = z
     keyVersion: z.number().int().min(1).optional(),
     encoding: encoding.default('utf8'),
     mode: z.enum(['auto', 'sync', 'async']).default('auto'),
-    /** When the request becomes a batch: where its final status is POSTed, signed. */
+    /** When the request becomes a batch: where its final status is POSTed, signed (checked either way). */
     callbackUrl: z.string().max(2048).optional(),
   })
   .strict();

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import type { KeyRing } from '../../shared/crypto/key-ring.js';
 import { KeyfleetError } from '../../shared/errors.js';
 import { batchAccepted, context as contextSchema, cryptoBody, cryptoParams, cryptoResponse, errorResponse, type BatchOp, type SyncItem } from '../../shared/schemas.js';
+import { checkCallbackUrl } from '../../shared/webhooks.js';
 import { checkTargetKey, submitBatch } from '../batch-submit.js';
 import { answerOnce, jsonAnswer, JSON_TYPE, sendWhenDone, type Answer, type SchemaRequest } from '../idempotency.js';
 import { principalOf, requireRewrapScope } from '../plugins/auth.js';
@@ -18,7 +19,7 @@ import { runSync } from '../sync-crypto.js';
 export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
   const r = app.withTypeProvider<ZodTypeProvider>();
   const { keyCache, keyPolicy, metrics, idempotency } = app.services;
-  const { syncMaxItems, maxItemBytes, kernel } = app.keyfleet;
+  const { syncMaxItems, maxItemBytes, kernel, webhookSecret, webhookAllowedHosts } = app.keyfleet;
 
   for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
     const schema = {
@@ -38,6 +39,9 @@ export async function cryptoRoutes(app: FastifyInstance): Promise<void> {
         throw new KeyfleetError('KF_SYNC_LIMIT', `at most ${syncMaxItems} items in a synchronous request, got ${items.length}; use mode "auto" or "async"`);
       }
       checkTargetKey(op, key, targetKey);
+      // Checked whether or not the request becomes a batch: the same body gets the same verdict
+      // at any size, and a bad callbackUrl is found before the day a request first goes async.
+      if (callbackUrl !== undefined) checkCallbackUrl(callbackUrl, { secret: webhookSecret, allowedHosts: webhookAllowedHosts });
       if (op === 'rewrap') await requireRewrapScope(request, keyCache, key, targetKey);
       if (keyVersion !== undefined && (op !== 'encrypt' || goAsync)) throw new KeyfleetError('KF_VALIDATION', 'keyVersion is for synchronous encrypt requests only');
       const { texts, contexts, perItemContext } = normalise(op, items, context);

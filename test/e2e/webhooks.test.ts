@@ -142,6 +142,13 @@ describe('webhooks', () => {
     const viaSync = await client.json('POST', '/v1/encrypt/serials', { items: ['a'], mode: 'async', callbackUrl: 'gopher://127.0.0.1/' });
     expect(viaSync.status).toBe(400);
     expect(viaSync.body.error.code).toBe('KF_CALLBACK_URL_INVALID');
+    // A request answered in the response gets the same verdict: it would the day it grew into a batch.
+    for (const mode of ['auto', 'sync']) {
+      const answered = await client.json('POST', '/v1/encrypt/serials', { items: ['a'], mode, callbackUrl: 'gopher://127.0.0.1/' });
+      expect([answered.status, answered.body.error?.code], mode).toEqual([400, 'KF_CALLBACK_URL_INVALID']);
+    }
+    const allowed = await client.json('POST', '/v1/encrypt/serials', { items: ['a'], callbackUrl: receiverUrl });
+    expect(allowed.status).toBe(200);
   });
 });
 
