@@ -69,7 +69,7 @@ export class BodyBudget {
     const own = this.#byTenant.get(tenant) ?? 0;
     if (own > 0 && own + taken > this.#tenantLimit) return 'tenant';
     this.#held += taken;
-    this.#byTenant.set(tenant, own + taken);
+    if (taken > 0) this.#byTenant.set(tenant, own + taken);
     (res as Tracked)[HELD] = taken;
     (res as Tracked)[OWNER] = tenant;
     // 'close' comes once, when the answer is sent or the connection is gone before it.
