@@ -134,7 +134,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     });
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
-    log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with --resume ${batchId})`);
+    log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with ${resumeWith(options, batchId)})`);
   } else {
     // Before waiting on it or reading the input: a batch of another op or key is refused at
     // once, not once it has ended (a batch's op and key never change; one just made is ours).
@@ -226,6 +226,7 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
     const advice = ciphertexts ? 'no ciphertext holds such bytes: the file is damaged' : 'give such items as base64 in an NDJSON file (--ndjson --encoding base64)';
     throw new Error(`${err.message}; ${advice}`);
   }
+  lines.total = lineNo;
   if (piece) yield piece;
 }
 
@@ -233,27 +234,34 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
  * Writes the results to `out` from where it ends, retrying a broken download from there. A
  * failed item is reported once, however often its part is read. So is a plaintext that holds a
  * line break, which one line of a plain output file cannot: its line is left empty, and it
- * counts as failed (`unwritable`); --ndjson keeps it.
+ * counts as failed (`unwritable`); --ndjson keeps it. A blank line of an NDJSON input (no item)
+ * is a blank line of the output, so that output line n answers input line n.
  */
 async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<{ written: number; unwritable: number }> {
   let unwritable = 0;
-  let written = options.resume ? await resumePoint(options.out) : 0;
+  // Lines on disk, blank ones included, and the items they hold.
+  let linesWritten = options.resume ? await resumePoint(options.out) : 0;
+  let written = lines.itemsThrough(linesWritten);
   let errorsShown = 0;
   let reportFrom = 0; // items before this one had their error reported by an earlier attempt
-  const out = createWriteStream(options.out, { flags: written > 0 ? 'a' : 'w' });
+  const resume = resumeWith(options, batchId);
+  const out = createWriteStream(options.out, { flags: linesWritten > 0 ? 'a' : 'w' });
   // Its errors are read where they matter (write, finished): one nobody listened for would crash the CLI.
   out.on('error', () => {});
   try {
     for (let attempt = 1; ; attempt++) {
       try {
-        // `written` counts what is on disk; lines still in `buffer` are `pending`.
+        // `written` counts what is on disk; items still in `buffer` are `pending`, on `pendingLines` lines.
         let buffer = '';
         let pending = 0;
+        let pendingLines = 0;
         for await (const line of client.resultLines(batchId, { from: written })) {
           const { value, error, lineBreak } = resultValue(line);
           const multiline = lineBreak === true && !options.ndjson;
+          const item = written + pending;
+          for (const at = lines.lineOf(item); linesWritten + pendingLines + 1 < at; pendingLines++) buffer += '\n';
+          pendingLines++;
           if (error || multiline) {
-            const item = written + pending;
             // Items a failed batch never processed are counted in its summary, not listed.
             if (item >= reportFrom && error?.code !== NOT_PROCESSED) {
               if (multiline) unwritable++;
@@ -267,14 +275,19 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
           }
           // Written every 4,096 lines or 1 MB, whichever comes first: lines of large items add up.
           if (++pending >= 4096 || buffer.length >= 1_048_576) {
-            await write(out, buffer, options.out, batchId);
+            await write(out, buffer, options.out, resume);
             written += pending;
+            linesWritten += pendingLines;
             buffer = '';
             pending = 0;
+            pendingLines = 0;
           }
         }
-        await write(out, buffer, options.out, batchId);
+        // Blank lines at the input's end, after its last item.
+        for (; linesWritten + pendingLines < lines.total; pendingLines++) buffer += '\n';
+        await write(out, buffer, options.out, resume);
         written += pending;
+        linesWritten += pendingLines;
         break;
       } catch (err) {
         // The output failing (a full disk) is no broken download: reading again cannot help.
@@ -297,7 +310,7 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
   out.end();
   // The last lines reach the file only now: a full disk can show here too.
   await finished(out).catch((err: unknown) => {
-    throw new OutputError(options.out, batchId, err);
+    throw new OutputError(options.out, resume, err);
   });
   if (errorsShown > ERRORS_SHOWN) options.log(`… and ${errorsShown - ERRORS_SHOWN} more failed items`);
   return { written, unwritable };
@@ -314,21 +327,33 @@ function resultValue(line: string): { value?: string; error?: { code: string; me
   return { value, lineBreak: value.includes('\n') };
 }
 
+/**
+ * The options that resume the run: the batch, and for NDJSON the flag (the lines written so far
+ * are JSON) and the input file (where its blank lines are). The command's --key and --out go with them.
+ */
+export function resumeWith(options: Pick<BulkOptions, 'ndjson' | 'in'>, batchId: string): string {
+  const input = options.ndjson && options.in !== undefined && options.in !== STDIN ? ` --in ${shellWord(options.in)}` : '';
+  return `--resume ${batchId}${options.ndjson ? ' --ndjson' : ''}${input}`;
+}
+
+/** `word` as one shell word: as it is when that is safe, else in single quotes. */
+const shellWord = (word: string): string => (/^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`);
+
 /** The output file cannot be written (ENOSPC, EIO, EFBIG…): the run fails, naming the file and why. */
 export class OutputError extends Error {
-  constructor(path: string, batchId: string, cause: unknown) {
+  constructor(path: string, resume: string, cause: unknown) {
     const { code, message } = cause as NodeJS.ErrnoException;
-    super(`cannot write the results to ${path} (${code ?? message}); once it can be written, resume with --resume ${batchId}`, { cause });
+    super(`cannot write the results to ${path} (${code ?? message}); once it can be written, resume with ${resume}`, { cause });
   }
 }
 
 /** Writes `text`, waiting while the stream's buffer is full; a stream that failed fails the write. */
-async function write(out: WriteStream, text: string, path: string, batchId: string): Promise<void> {
+async function write(out: WriteStream, text: string, path: string, resume: string): Promise<void> {
   if (!text) return;
-  if (out.errored) throw new OutputError(path, batchId, out.errored);
+  if (out.errored) throw new OutputError(path, resume, out.errored);
   if (out.write(text)) return;
   // `once` rejects with the stream's error: a failed stream never drains.
   await once(out, 'drain').catch((err: unknown) => {
-    throw new OutputError(path, batchId, err);
+    throw new OutputError(path, resume, err);
   });
 }

@@ -8,7 +8,7 @@ import { projectVersion } from '../shared/project-root.js';
 import { MAX_TIMER_MS } from '../shared/timers.js';
 import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
 import type { BatchOp } from '../shared/schemas.js';
-import { rerunWith, runBulk } from './bulk.js';
+import { rerunWith, resumeWith, runBulk } from './bulk.js';
 import { Progress } from './progress.js';
 import { KeyfleetClient } from './client.js';
 import { KeyfleetApiError } from './errors.js';
@@ -86,7 +86,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       let sentWith: string | undefined;
       process.once('SIGINT', () => {
         Progress.stopAll();
-        if (batchId) log(`\nkeyfleet: interrupted; the batch goes on in the service (resume with --resume ${batchId})`);
+        if (batchId) log(`\nkeyfleet: interrupted; the batch goes on in the service (resume with ${resumeWith(opts, batchId)})`);
         else if (sentWith) log(`\nkeyfleet: interrupted before the service answered the upload; it may have made the batch: ${rerunWith(sentWith)}`);
         else log('\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
         process.exit(EXIT.interrupted);

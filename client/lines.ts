@@ -131,12 +131,15 @@ export async function resumePoint(path: string): Promise<number> {
 
 /**
  * Item number → line number of the input. Plain files have one item per line; NDJSON files
- * skip blank lines (the API does too), so their numbers are recorded as they are read.
+ * skip blank lines (the API does too), so their numbers are recorded as they are read, and the
+ * output keeps a blank line where the input had one: output line n answers input line n.
  */
 export class LineMap {
   /** Allocated only once an item is off its line number: a plain file costs nothing. */
   #lines: Uint32Array | undefined;
   #count = 0;
+  /** The input's lines, blank ones included, once it has been read to its end (0 until then). */
+  total = 0;
 
   /** Records that the next item is on `line` (1-based). */
   push(line: number): void {
@@ -159,6 +162,19 @@ export class LineMap {
   reset(): void {
     this.#lines = undefined;
     this.#count = 0;
+    this.total = 0;
+  }
+
+  /** How many items lie on lines 1 to `line`: where a download resumes after `line` output lines. */
+  itemsThrough(line: number): number {
+    if (!this.#lines) return this.total > 0 ? Math.min(line, this.#count) : line;
+    let [low, high] = [0, this.#count]; // the first item past `line` lies in [low, high]
+    while (low < high) {
+      const mid = (low + high) >>> 1;
+      if (this.#lines[mid]! <= line) low = mid + 1;
+      else high = mid;
+    }
+    return low;
   }
 
   /** The 1-based line of item `index` (0-based). */

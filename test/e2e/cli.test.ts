@@ -459,6 +459,27 @@ describe('the keyfleet CLI', () => {
     expect(readFileSync(path('again.dec')).equals(full)).toBe(true);
   });
 
+  it('keeps an NDJSON input\'s blank lines as blank output lines, so output line n answers input line n, also when resumed', async () => {
+    // Blank and whitespace-only lines (the service skips them), a bad item after them, blank lines at the end.
+    writeFileSync(path('gaps.ndjson'), '"a"\n\n42\n"b"\n   \n"c"\n\t\n"d"\n\n');
+    const run = await keyfleet(['encrypt', '--key', 'serials', '--ndjson', '--in', 'gaps.ndjson', '--out', 'gaps.enc']);
+    expect(run.code, run.stderr).toBe(2);
+    expect(run.stderr).toContain('line 3: KF_INVALID_ITEM');
+    const batchId = /batch (\S+) accepted/.exec(run.stderr)![1]!;
+    expect(run.stderr).toContain(`(interrupted? resume with --resume ${batchId} --ndjson --in gaps.ndjson)`);
+    const out = readFileSync(path('gaps.enc'), 'utf8').split('\n');
+    expect(out.length).toBe(10); // nine lines and the end after the last
+    expect(out.map((line) => (line === '' ? '' : line === 'null' ? 'null' : 'ct'))).toEqual(['ct', '', 'null', 'ct', '', 'ct', '', 'ct', '', '']);
+    // Cut after input line 5 (a blank one), as if the CLI had died; resumed as its hint says.
+    writeFileSync(path('gaps.enc'), out.slice(0, 5).join('\n') + '\n');
+    const resumed = await keyfleet(['encrypt', '--key', 'serials', '--resume', batchId, '--ndjson', '--in', 'gaps.ndjson', '--out', 'gaps.enc']);
+    expect(resumed.code, resumed.stderr).toBe(2);
+    expect(readFileSync(path('gaps.enc'), 'utf8').split('\n')).toEqual(out);
+    const back = await keyfleet(['decrypt', '--key', 'serials', '--ndjson', '--in', 'gaps.enc', '--out', 'gaps.dec']);
+    expect(readFileSync(path('gaps.dec'), 'utf8')).toBe('"a"\n\nnull\n"b"\n\n"c"\n\n"d"\n\n');
+    expect(back.stderr).toContain('line 3: KF_INVALID_ITEM');
+  });
+
   it('refuses to resume a batch of another operation or key, writing nothing', async () => {
     const submitted = await keyfleet(['encrypt', '--key', 'serials', '--in', 'mixed.dec', '--out', 'op.enc']);
     const batchId = /batch (\S+) accepted/.exec(submitted.stderr)![1]!;
