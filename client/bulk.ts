@@ -129,7 +129,7 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     )).catch((err: unknown) => {
       // The service may have made the batch and its answer was lost: only the key gets that one.
       if (err instanceof KeyfleetTimeoutError && err.maybeDone) throw new Error(`${err.call}: ${err.waited}; the service may have made the batch: ${sameBatch}`, { cause: err });
-      if (err instanceof KeyfleetApiError && err.code === 'KF_IDEMPOTENCY_IN_PROGRESS') throw new Error(`the service still takes in the upload sent before (KF_IDEMPOTENCY_IN_PROGRESS) and may make the batch: ${sameBatch}`, { cause: err });
+      if (err instanceof KeyfleetApiError && err.code === 'KF_IDEMPOTENCY_IN_PROGRESS') throw new Error(`the service still takes in the upload sent before (KF_IDEMPOTENCY_IN_PROGRESS) and may make the batch: ${sameBatch}; an upload cut short holds its key for a while (two minutes under the service’s defaults), so a rerun sooner may get this answer again`, { cause: err });
       throw err;
     });
     batchId = accepted.batchId;

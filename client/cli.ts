@@ -78,6 +78,8 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
     .hook('preAction', requireOptions('--key', '--out'))
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
+      // `-` is stdin for --in; for --out it would be a file of that name, which a resumed run appends to.
+      if (opts.out === STDIN) throw new Error('--out - is not taken: the results go to a file, which --resume can append to (`keyfleet batch results <id>` writes them to stdout)');
       await refuseSameFile(opts.in, opts.out);
       const client = clientOf(command);
       // Ctrl-C during the upload leaves nothing to resume: the service fails a cut-short upload.
@@ -209,6 +211,13 @@ const cannotWrite = (path: string, err: unknown): Error => new Error(`cannot wri
 // An empty or blank variable counts as unset, as the service reads its own (`VAR=` in an env
 // file, compose's `${VAR:-}`): commander would read KEYFLEET_TIMEOUT= as a value, and refuse it.
 for (const name of ['KEYFLEET_URL', 'KEYFLEET_TOKEN', 'KEYFLEET_TIMEOUT']) if (process.env[name]?.trim() === '') delete process.env[name];
+
+// A reader that stops early (`keyfleet batch results <id> | head`) has what it wanted: end
+// quietly, as other tools do, rather than report the broken pipe as a failure.
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (err.code !== 'EPIPE') throw err;
+  process.exit(EXIT.ok);
+});
 
 try {
   await program.parseAsync(process.argv);

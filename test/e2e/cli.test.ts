@@ -457,6 +457,9 @@ describe('the keyfleet CLI', () => {
     // And those ciphertexts decrypt back to the source.
     await keyfleet(['decrypt', '--key', 'serials', '--in', 'again.enc', '--out', 'again.dec']);
     expect(readFileSync(path('again.dec')).equals(full)).toBe(true);
+    // A reader that stops early (`| head`) ends the CLI quietly, with nothing said of the broken pipe.
+    const headed = await keyfleet(['batch', 'results', batchId], {}, (child) => child.stdout!.once('data', () => child.stdout!.destroy()));
+    expect([headed.code, headed.stderr]).toEqual([0, '']);
   });
 
   it('keeps an NDJSON input\'s blank lines as blank output lines, so output line n answers input line n, also when resumed', async () => {
@@ -478,6 +481,10 @@ describe('the keyfleet CLI', () => {
     const back = await keyfleet(['decrypt', '--key', 'serials', '--ndjson', '--in', 'gaps.enc', '--out', 'gaps.dec']);
     expect(readFileSync(path('gaps.dec'), 'utf8')).toBe('"a"\n\nnull\n"b"\n\n"c"\n\n"d"\n\n');
     expect(back.stderr).toContain('line 3: KF_INVALID_ITEM');
+    // `-` for --out would be a file of that name: refused before anything is sent.
+    const dash = await keyfleet(['encrypt', '--key', 'serials', '--in', 'gaps.ndjson', '--out', '-']);
+    expect([dash.code, dash.stderr]).toEqual([1, 'keyfleet: --out - is not taken: the results go to a file, which --resume can append to (`keyfleet batch results <id>` writes them to stdout)\n']);
+    expect(existsSync(path('-'))).toBe(false);
   });
 
   it('refuses to resume a batch of another operation or key, writing nothing', async () => {
