@@ -54,6 +54,11 @@ export interface BulkOutcome {
   readonly error?: { readonly code: string; readonly message: string };
   /** Items of the chunks a failed batch never ran (their lines are KF_ITEM_NOT_PROCESSED, not listed one by one). */
   readonly notProcessed: number;
+  /**
+   * With --resume: the output lines an earlier run had written. Their failures were listed by
+   * that run, and a plaintext among them that held a line break is counted here as succeeded.
+   */
+  readonly resumedAfterLine?: number;
 }
 
 const NOT_PROCESSED = 'KF_ITEM_NOT_PROCESSED';
@@ -149,12 +154,12 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   // A batch that failed after its upload has the results of the chunks that ran: they are
   // written, and the lines of the items it never processed are left empty. One that failed
   // during its upload has none (KF_BATCH_FAILED).
-  const { written, unwritable } = await download(client, batchId, options, lines).catch((err: unknown) => {
+  const { written, unwritable, resumedAfterLine } = await download(client, batchId, options, lines).catch((err: unknown) => {
     throw err instanceof KeyfleetApiError && err.code === 'KF_BATCH_FAILED' ? new Error(ended, { cause: err }) : err;
   });
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
   const succeeded = final.succeeded - unwritable;
-  return { batchId, total: final.total, succeeded, failed: final.total - succeeded, status: final.status, ...(final.error ? { error: final.error } : {}), notProcessed: final.total - final.processed };
+  return { batchId, total: final.total, succeeded, failed: final.total - succeeded, status: final.status, ...(final.error ? { error: final.error } : {}), notProcessed: final.total - final.processed, ...(resumedAfterLine ? { resumedAfterLine } : {}) };
 }
 
 /** Refuses a batch of another operation or key than the command's (a --resume of the wrong id). */
@@ -237,10 +242,11 @@ async function* ndjsonPieces(path: string, ndjson: boolean, ciphertexts: boolean
  * counts as failed (`unwritable`); --ndjson keeps it. A blank line of an NDJSON input (no item)
  * is a blank line of the output, so that output line n answers input line n.
  */
-async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<{ written: number; unwritable: number }> {
+async function download(client: KeyfleetClient, batchId: string, options: BulkOptions, lines: LineMap): Promise<{ written: number; unwritable: number; resumedAfterLine: number }> {
   let unwritable = 0;
   // Lines on disk, blank ones included, and the items they hold.
   let linesWritten = options.resume ? await resumePoint(options.out) : 0;
+  const resumedAfterLine = linesWritten;
   let written = lines.itemsThrough(linesWritten);
   let errorsShown = 0;
   let reportFrom = 0; // items before this one had their error reported by an earlier attempt
@@ -313,7 +319,7 @@ async function download(client: KeyfleetClient, batchId: string, options: BulkOp
     throw new OutputError(options.out, resume, err);
   });
   if (errorsShown > ERRORS_SHOWN) options.log(`… and ${errorsShown - ERRORS_SHOWN} more failed items`);
-  return { written, unwritable };
+  return { written, unwritable, resumedAfterLine };
 }
 
 /** A result line's value, or its error. Ciphertext lines (the common case) skip JSON.parse. */

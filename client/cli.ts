@@ -97,7 +97,10 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
       const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key) });
       const elapsedSeconds = (Date.now() - started) / 1000;
       const listed = outcome.failed - outcome.notProcessed;
-      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} ${outcome.total === 1 ? 'item' : 'items'} ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (listed ? `; ${listed.toLocaleString('en-US')} failed (see above)` : ''));
+      // A resumed run saw only the results after the lines already written: the failures among those were listed by the run that wrote them.
+      const before = outcome.resumedAfterLine;
+      const where = before ? ` (those after line ${before.toLocaleString('en-US')} above; the earlier run that wrote lines 1 to ${before.toLocaleString('en-US')} listed its own)` : ' (see above)';
+      log(`keyfleet: ${outcome.succeeded.toLocaleString('en-US')} of ${outcome.total.toLocaleString('en-US')} ${outcome.total === 1 ? 'item' : 'items'} ${DONE[op]} into ${opts.out} in ${elapsedSeconds.toFixed(1)} s` + (listed ? `; ${listed.toLocaleString('en-US')} failed${where}` : ''));
       if (outcome.status === 'failed') {
         const why = outcome.error ? ` (${outcome.error.code}: ${outcome.error.message})` : '';
         log(`keyfleet: batch ${outcome.batchId} failed${why}; the ${outcome.notProcessed.toLocaleString('en-US')} ${outcome.notProcessed === 1 ? 'item' : 'items'} it did not process ${outcome.notProcessed === 1 ? 'has an empty line' : 'have empty lines'}${opts.ndjson ? ' (null)' : ''}`);
