@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { createWriteStream, fstatSync, statSync, unlinkSync, type WriteStream } from 'node:fs';
-import { open, stat } from 'node:fs/promises';
+import { open, stat, truncate } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -109,6 +109,12 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     // stdin: a file redirected to it has its size (for the progress bar), but is read only once.
     const file = input === STDIN ? fstatSync(0) : await stat(input);
     const readTwice = input !== STDIN && file.isFile();
+    // An empty file has no items: its output is empty too, and no batch is made (the service
+    // refuses an upload of none, and would keep it as a failed batch).
+    if (readTwice && file.size === 0) {
+      if ((await stat(options.out)).isFile()) await truncate(options.out, 0);
+      return { batchId: '', total: 0, succeeded: 0, failed: 0, status: 'completed', notProcessed: 0 };
+    }
     // A pipe's size is unknown (0): its progress shows what was read, without a total.
     const size = file.isFile() ? file.size : undefined;
     let uploads = 0;

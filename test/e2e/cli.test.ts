@@ -484,6 +484,15 @@ describe('the keyfleet CLI', () => {
     const back = await keyfleet(['decrypt', '--key', 'serials', '--ndjson', '--in', 'gaps.enc', '--out', 'gaps.dec']);
     expect(readFileSync(path('gaps.dec'), 'utf8')).toBe('"a"\n\nnull\n"b"\n\n"c"\n\n"d"\n\n');
     expect(back.stderr).toContain('line 3: KF_INVALID_ITEM');
+    // An empty file: an empty output and status 0, and no batch made of it.
+    const listed = async () => (await keyfleet(['batch', 'list'])).stdout.trim().split('\n').length;
+    const batchesBefore = await listed();
+    writeFileSync(path('empty.txt'), '');
+    writeFileSync(path('empty.enc'), 'an older file\n');
+    const empty = await keyfleet(['encrypt', '--key', 'serials', '--in', 'empty.txt', '--out', 'empty.enc']);
+    expect([empty.code, empty.stderr]).toEqual([0, expect.stringMatching(/^keyfleet: 0 of 0 items encrypted into empty\.enc in [\d.]+ s\n$/)]);
+    expect(readFileSync(path('empty.enc'), 'utf8')).toBe('');
+    expect(await listed()).toBe(batchesBefore);
     // `-` for --out would be a file of that name: refused before anything is sent.
     const dash = await keyfleet(['encrypt', '--key', 'serials', '--in', 'gaps.ndjson', '--out', '-']);
     expect([dash.code, dash.stderr]).toEqual([1, 'keyfleet: --out - is not taken: the results go to a file, which --resume can append to (`keyfleet batch results <id>` writes them to stdout)\n']);
