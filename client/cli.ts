@@ -68,14 +68,13 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
     .option('-i, --in <file>', 'the input file, - for stdin (required unless --resume)')
     .option('-o, --out <file>', 'where the results go, one per input line (a failed item leaves its line empty, or null with --ndjson)')
     .option('--ndjson', 'input and output lines are JSON strings', false)
-    .addOption(new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
     .option('--resume <batchId>', 'pick up an earlier batch: wait for it and download the rest of its results into --out')
     .option('--idempotency-key <key>', 'makes a retried upload return the same batch instead of a second one (without it, the upload gets a key of its own, named when a run must be repeated with it)')
     .option('--callback-url <url>', 'the service POSTs the final status here, signed')
     .option('--context <context>', 'bound into every item (decrypt and rewrap need the same)')
-
     .addHelpText('after', `\nExit status: 0 all items done, 2 some items failed (listed on stderr with their line numbers), 1 the request or batch failed.\nExample:\n  keyfleet ${op} --key serials ${{ encrypt: '--in serials.txt --out serials.enc', decrypt: '--in serials.enc --out serials.dec', rewrap: '--in old.enc --out new.enc' }[op]}`)
-    .option('--target-key <name>', 'rewrap only: re-encrypt into this key (e.g. from an imported legacy key)')
+    // Each option only where it means something: rewrap has no plaintexts, encrypt and decrypt no target.
+    .addOption(op === 'rewrap' ? new Option('--target-key <name>', 're-encrypt into this key (e.g. from an imported legacy key)') : new Option('--encoding <encoding>', 'plaintexts are utf8 text or base64 bytes').choices(['utf8', 'base64']))
     .hook('preAction', requireOptions('--key', '--out'))
     .action(async (opts: { key: string; in?: string; out: string; ndjson: boolean; encoding?: 'utf8' | 'base64'; resume?: string; idempotencyKey?: string; callbackUrl?: string; context?: string; targetKey?: string }, command: Command) => {
       // `-` is stdin for --in; for --out it would be a file of that name, which a resumed run appends to.

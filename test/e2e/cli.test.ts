@@ -493,6 +493,10 @@ describe('the keyfleet CLI', () => {
     expect([empty.code, empty.stderr]).toEqual([0, expect.stringMatching(/^keyfleet: 0 of 0 items encrypted into empty\.enc in [\d.]+ s\n$/)]);
     expect(readFileSync(path('empty.enc'), 'utf8')).toBe('');
     expect(await listed()).toBe(batchesBefore);
+    // An option of another command is refused at once, by name.
+    const misplaced = await keyfleet(['encrypt', '--key', 'serials', '--target-key', 'other', '--in', 'gaps.ndjson', '--out', 'gaps.other']);
+    expect([misplaced.code, misplaced.stderr]).toEqual([1, expect.stringContaining("error: unknown option '--target-key'")]);
+    expect((await keyfleet(['rewrap', '--key', 'serials', '--encoding', 'base64', '--in', 'gaps.enc', '--out', 'gaps.other'])).stderr).toContain("error: unknown option '--encoding'");
     // `-` for --out would be a file of that name: refused before anything is sent.
     const dash = await keyfleet(['encrypt', '--key', 'serials', '--in', 'gaps.ndjson', '--out', '-']);
     expect([dash.code, dash.stderr]).toEqual([1, 'keyfleet: --out - is not taken: the results go to a file, which --resume can append to (`keyfleet batch results <id>` writes them to stdout)\n']);
