@@ -89,7 +89,7 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
         Progress.stopAll();
         if (batchId) log(`\nkeyfleet: interrupted; the batch goes on in the service (resume with ${resumeWith(opts, batchId)})`);
         else if (sentWith) log(`\nkeyfleet: interrupted before the service answered the upload; it may have made the batch: ${rerunWith(sentWith)}`);
-        else log('\nkeyfleet: interrupted before the service accepted the upload; no batch was made');
+        else log('\nkeyfleet: interrupted before the service accepted the upload; the service fails the batch of such an upload (KF_UPLOAD_ABORTED) and gives out none of its results');
         process.exit(EXIT.interrupted);
       });
       const started = Date.now();

@@ -91,7 +91,7 @@ describe('the keyfleet CLI', () => {
     expect(file(decrypt, '--out')).not.toBe(file(encrypt, '--in'));
   });
 
-  it('on Ctrl-C names the batch to resume, or the key that gets a batch the service may have made, or says that no batch was made, and exits 130', async () => {
+  it('on Ctrl-C names the batch to resume, or the key that gets a batch the service may have made, or says that nothing of the upload is given out, and exits 130', async () => {
     // A stand-in API that never gets done, so Ctrl-C surely comes during the upload, or while the batch runs.
     let acceptUploads = false;
     let awaited: { request: RegExp; seen: () => void } | undefined;
@@ -129,7 +129,7 @@ describe('the keyfleet CLI', () => {
       writeFileSync(path('big.txt'), `${'x'.repeat(39)}\n`.repeat(800_000));
       const uploading = await interruptAfter(/^POST \/v1\/batches\?/, ['encrypt', '--key', 'unread', '--in', 'big.txt', '--out', 'big.enc']);
       expect(uploading.code).toBe(130);
-      expect(uploading.stderr).toContain('keyfleet: interrupted before the service accepted the upload; no batch was made\n');
+      expect(uploading.stderr).toContain('keyfleet: interrupted before the service accepted the upload; the service fails the batch of such an upload (KF_UPLOAD_ABORTED) and gives out none of its results\n');
       expect(uploading.stderr).not.toContain('--resume');
       expect(existsSync(path('big.enc'))).toBe(false); // made for the run, nothing written: gone again
 
@@ -140,7 +140,7 @@ describe('the keyfleet CLI', () => {
       expect(unanswered.code).toBe(130);
       expect(keys).toHaveLength(1);
       expect(unanswered.stderr).toContain(`keyfleet: interrupted before the service answered the upload; it may have made the batch: run the same command again with --idempotency-key ${keys[0]} to get it rather than a second one\n`);
-      expect(unanswered.stderr).not.toContain('no batch was made');
+      expect(unanswered.stderr).not.toContain('KF_UPLOAD_ABORTED');
 
       acceptUploads = true;
       const running = await interruptAfter(/^GET \/v1\/batches\/Ab12Cd34Ef56Gh78\/events$/, encrypt);
