@@ -107,7 +107,8 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   if (!batchId) {
     const input = options.in!;
     // stdin: a file redirected to it has its size (for the progress bar), but is read only once.
-    const file = input === STDIN ? fstatSync(0) : await stat(input);
+    const file = input === STDIN ? fstatSync(0) : await stat(input).catch((err: NodeJS.ErrnoException) => Promise.reject(new Error(`cannot read --in ${input} (${err.code ?? err.message})`, { cause: err })));
+    if (file.isDirectory()) throw new Error(`cannot read --in ${input}: it is a directory`);
     const readTwice = input !== STDIN && file.isFile();
     // An empty file has no items: its output is empty too, and no batch is made (the service
     // refuses an upload of none, and would keep it as a failed batch).

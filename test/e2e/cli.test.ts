@@ -493,6 +493,9 @@ describe('the keyfleet CLI', () => {
     expect([empty.code, empty.stderr]).toEqual([0, expect.stringMatching(/^keyfleet: 0 of 0 items encrypted into empty\.enc in [\d.]+ s\n$/)]);
     expect(readFileSync(path('empty.enc'), 'utf8')).toBe('');
     expect(await listed()).toBe(batchesBefore);
+    // An input that cannot be read is named as the option it came in.
+    expect((await keyfleet(['encrypt', '--key', 'serials', '--in', 'no-such.txt', '--out', 'x.enc'])).stderr).toBe('keyfleet: cannot read --in no-such.txt (ENOENT)\n');
+    expect((await keyfleet(['encrypt', '--key', 'serials', '--in', '.', '--out', 'x.enc'])).stderr).toBe('keyfleet: cannot read --in .: it is a directory\n');
     // An option of another command is refused at once, by name.
     const misplaced = await keyfleet(['encrypt', '--key', 'serials', '--target-key', 'other', '--in', 'gaps.ndjson', '--out', 'gaps.other']);
     expect([misplaced.code, misplaced.stderr]).toEqual([1, expect.stringContaining("error: unknown option '--target-key'")]);
