@@ -240,10 +240,11 @@ describe('the client and the CLI', () => {
     expect(run.code).toBe(2);
     expect(run.stderr).toMatch(/^line 2: KF_INVALID_ITEM /m);
     expect(run.stderr).toMatch(/^line 5: KF_INVALID_ITEM /m);
+    // One output line per input line: the blank one stays blank.
     const out = readFileSync(path('spaced.out'), 'utf8').split('\n');
-    expect(out).toHaveLength(6);
-    expect(out.slice(0, 5).map((l) => (l === 'null' ? null : typeof JSON.parse(l)))).toEqual(['string', null, 'string', null, 'string']);
-    expect(out[5]).toBe('');
+    expect(out).toHaveLength(7);
+    expect(out.slice(0, 6).map((l) => (l === 'null' ? null : l === '' ? '' : typeof JSON.parse(l)))).toEqual(['string', null, 'string', '', null, 'string']);
+    expect(out[6]).toBe('');
   });
 
   it('says it cannot write batch results to a path in a missing folder, and exits 1 without a stack', async () => {
