@@ -259,13 +259,14 @@ async function chunksThatRan(batches: BatchStore, batch: BatchRecord, layout: Ch
  */
 async function* resultChunks(batches: BatchStore, batch: BatchRecord, layout: ChunkLayout, ran: (chunk: number) => boolean, start: { chunk: number; skip: number }, first: Handover<Buffer | null>, formatter: NativeFormatter | undefined): AsyncGenerator<Buffer> {
   const { id, chunks } = batch;
+  const owner = batchOwner(batch);
   // A read ahead is awaited only once the chunk before it is sent: its failure (Redis gone, a
   // timeout) or the client leaving first must not go unhandled meanwhile, or the process ends.
   // Its results come in a handover, so that the promises around it do not keep them (shared/handover.ts).
   const readAhead = (chunk: number): Promise<Handover<Buffer | null>> | undefined => {
     if (chunk >= chunks) return undefined;
     if (!ran(chunk)) return Promise.resolve(new Handover<Buffer | null>(null));
-    const read = batches.readResults(id, batchOwner(batch), chunk);
+    const read = batches.readResults(id, owner, chunk);
     read.catch(() => {});
     return read;
   };

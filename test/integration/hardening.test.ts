@@ -270,8 +270,22 @@ describe('limits', () => {
     expect(uploaded.statusCode, uploaded.body).toBe(202);
     const queued = await call(idleApp, idle.admin, 'POST', '/v1/encrypt/serials', { items: ['x'], mode: 'async' });
     expect(queued.statusCode, queued.body).toBe(202);
-    const lease = await redis.pttl(`${idle.env['KEYFLEET_PREFIX']}:batch:${uploaded.json().batchId}:upload`);
-    expect(lease).toBe(-2); // sealed: the lease is gone once the upload is whole
+    // While an upload is held open its lease lives: 5 s and twice a third of them, in whole ms.
+    const address = new URL(await idleApp.listen({ host: '127.0.0.1', port: 0 }));
+    const socket = connect(Number(address.port), '127.0.0.1', () =>
+      socket.write(`POST /v1/batches?op=encrypt&key=serials HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${idle.admin.token}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n"a"\n\r\n`),
+    );
+    socket.on('error', () => {});
+    try {
+      let leases: string[] = [];
+      for (let i = 0; i < 50 && leases.length === 0; i++, await sleep(20)) leases = await redis.keys(`${idle.env['KEYFLEET_PREFIX']}:batch:*:upload`);
+      expect(leases).toHaveLength(1);
+      const lease = await redis.pttl(leases[0]!);
+      expect(lease).toBeGreaterThan(0);
+      expect(lease).toBeLessThanOrEqual(5_000 + 2 * 1_666);
+    } finally {
+      socket.destroy();
+    }
   });
 
   it('fails an upload or a JSON body that sends nothing for UPLOAD_IDLE_SECONDS with 408 (and the upload’s batch), not one that keeps coming', async () => {
