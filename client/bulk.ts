@@ -4,7 +4,7 @@ import { open, stat, truncate } from 'node:fs/promises';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { BatchOp, BatchStatusBody } from '../shared/schemas.js';
+import { TERMINAL_STATUSES, type BatchOp, type BatchStatusBody } from '../shared/schemas.js';
 import type { KeyfleetClient } from './client.js';
 import { KeyfleetApiError, KeyfleetTimeoutError } from './errors.js';
 import { inputName, LineMap, NotUtf8Error, READ_END, readLines, resumePoint, STDIN } from './lines.js';
@@ -37,6 +37,8 @@ export interface BulkOptions {
    */
   readonly onSentWhole?: (idempotencyKey: string) => void;
   readonly interactive?: boolean;
+  /** How long a batch may go without an item processed before the run says so (default 30 s; the CLI passes --timeout). */
+  readonly stallNoticeMs?: number;
 }
 
 export interface BulkOutcome {
@@ -62,6 +64,7 @@ export interface BulkOutcome {
 }
 
 const NOT_PROCESSED = 'KF_ITEM_NOT_PROCESSED';
+const STALL_NOTICE_MS = 30_000;
 
 /** Per-item errors printed in full; after that only counted. */
 const ERRORS_SHOWN = 100;
@@ -155,7 +158,8 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   }
 
   const progress = new Progress(`keyfleet: ${op}`, 'items', options.interactive);
-  const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => progress.update(status.processed, status.total, Date.parse(status.createdAt)), { apiReached: !options.resume }));
+  const watch = new StallWatch(batchId, options, progress);
+  const final = await stoppedAfter(progress, client.waitForBatch(batchId, (status) => watch.seen(status), { apiReached: !options.resume }).finally(() => watch.stop()));
   const ended = `batch ${batchId} ended ${final.status}${final.error ? `: ${final.error.code} ${final.error.message}` : ''}`;
   if (final.status !== 'completed' && final.status !== 'failed') throw new Error(ended);
   // A batch that failed after its upload has the results of the chunks that ran: they are
@@ -167,6 +171,49 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
   if (written !== final.total) throw new Error(`batch ${batchId}: wrote ${written} results for ${final.total} items`);
   const succeeded = final.succeeded - unwritable;
   return { batchId, total: final.total, succeeded, failed: final.total - succeeded, status: final.status, ...(final.error ? { error: final.error } : {}), notProcessed: final.total - final.processed, ...(resumedAfterLine ? { resumedAfterLine } : {}) };
+}
+
+/**
+ * Follows a batch's progress for the bar, and says so once when no item has been processed for
+ * `stallNoticeMs` (a batch waits with no worker running, or one stuck): the wait goes on, and the
+ * message says what it waits for and how to leave it. Said again after each new stall.
+ */
+class StallWatch {
+  readonly #timer: NodeJS.Timeout;
+  #last: BatchStatusBody | undefined;
+  #movedAt = Date.now();
+  #told = false;
+  /** Where this run's rate is measured from: the batch's creation, or for --resume the first status seen. */
+  #from: { at: number; done: number } | undefined;
+
+  constructor(readonly batchId: string, readonly options: BulkOptions, readonly progress: Progress) {
+    const after = options.stallNoticeMs ?? STALL_NOTICE_MS;
+    this.#timer = setInterval(() => this.#check(after), Math.min(after, 1_000)).unref();
+  }
+
+  seen(status: BatchStatusBody): void {
+    // A resumed run's rate is its own (measured from the batch's creation it would count the
+    // time the CLI was away), unless the batch has ended: then it is the whole batch's.
+    this.#from ??= this.options.resume && !TERMINAL_STATUSES.has(status.status) ? { at: Date.now(), done: status.processed } : { at: Date.parse(status.createdAt), done: 0 };
+    if (!this.#last || status.processed > this.#last.processed) {
+      this.#movedAt = Date.now();
+      this.#told = false;
+    }
+    this.#last = status;
+    this.progress.update(status.processed, status.total, this.#from.at, this.#from.done);
+  }
+
+  stop(): void {
+    clearInterval(this.#timer);
+  }
+
+  #check(after: number): void {
+    const status = this.#last;
+    if (this.#told || !status || TERMINAL_STATUSES.has(status.status) || Date.now() - this.#movedAt < after) return;
+    this.#told = true;
+    const done = `${status.processed.toLocaleString('en-US')} of ${status.total.toLocaleString('en-US')} items processed`;
+    this.progress.note(`keyfleet: batch ${this.batchId} is ${status.status}, ${done}, none in the last ${Math.round(after / 1000)} s: its chunks wait for a worker (is one running?). Still waiting; Ctrl-C leaves the batch to resume with ${resumeWith(this.options, this.batchId)}`);
+  }
 }
 
 /** Refuses a batch of another operation or key than the command's (a --resume of the wrong id). */

@@ -57,7 +57,7 @@ const program = new Command('keyfleet')
   .version(projectVersion())
   .addOption(new Option('--url <url>', 'the API, e.g. http://127.0.0.1:8080').env('KEYFLEET_URL'))
   .addOption(new Option('--token <token>', 'a bearer token').env('KEYFLEET_TOKEN'))
-  .addOption(new Option('--timeout <seconds>', 'seconds to wait for the service to begin an answer (default 30); a long download or wait ends only after 60 s of silence').env('KEYFLEET_TIMEOUT').argParser(timeoutSeconds))
+  .addOption(new Option('--timeout <seconds>', 'seconds to wait for the service to begin an answer (default 30), and for a batch to make progress before saying it waits; a long download or wait ends only after 60 s of silence').env('KEYFLEET_TIMEOUT').argParser(timeoutSeconds))
   .showHelpAfterError('(run with --help for usage)');
 
 for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly BatchOp[]) {
@@ -93,7 +93,9 @@ for (const op of ['encrypt', 'decrypt', 'rewrap'] as const satisfies readonly Ba
         process.exit(EXIT.interrupted);
       });
       const started = Date.now();
-      const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key) });
+      // A batch that makes no progress for as long as an answer may take is said to wait (for a worker, say).
+      const { timeout } = command.optsWithGlobals<{ timeout?: number }>();
+      const outcome = await runBulk(client, { op, ...opts, log, onAccepted: (id) => (batchId = id), onSentWhole: (key) => (sentWith = key), ...(timeout ? { stallNoticeMs: timeout * 1000 } : {}) });
       const elapsedSeconds = (Date.now() - started) / 1000;
       const listed = outcome.failed - outcome.notProcessed;
       // A resumed run saw only the results after the lines already written: the failures among those were listed by the run that wrote them.

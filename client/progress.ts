@@ -27,6 +27,11 @@ export class Progress {
             stream: process.stderr,
             hideCursor: true,
             etaBuffer: 50,
+            // An ETA not known yet (no rate, or none at all while a batch waits) reads `?`, not the
+            // library's clipped `NULL` and `INF` ("ETA LLs").
+            formatTime: (t, options, round) => (Number.isFinite(t) ? cliProgress.Format.TimeFormat(t, options, round) : '?'),
+            // Drawn on every tick, changed or not: a note written over the bar's line leaves it to be drawn again below.
+            forceRedraw: true,
           },
           cliProgress.Presets.shades_classic,
         )
@@ -34,13 +39,14 @@ export class Progress {
   }
 
   /**
-   * `done` of `total`, with the rate since `startedAt` (ms since the epoch). With no total (an
-   * input read from a pipe, whose size is unknown), plain lines of what is done and the rate,
-   * every two seconds, even on a terminal: a bar would have no end to show.
+   * `done` of `total`, with the rate since `startedAt` (ms since the epoch), when `doneAtStart`
+   * were done. With no total (an input read from a pipe, whose size is unknown), plain lines of
+   * what is done and the rate, every two seconds, even on a terminal: a bar would have no end to
+   * show.
    */
-  update(done: number, total: number | undefined, startedAt: number): void {
+  update(done: number, total: number | undefined, startedAt: number, doneAtStart = 0): void {
     const seconds = Math.max((Date.now() - startedAt) / 1000, 0.001);
-    const rate = done / seconds;
+    const rate = (done - doneAtStart) / seconds;
     if (total === undefined) {
       this.#untotalled = `${this.#label} ${amount(this.#unit, done)}, ${amount(this.#unit, rate)}/s\n`;
       if (Date.now() - this.#lastLine < 2_000) return;
@@ -68,6 +74,17 @@ export class Progress {
     const eta = rate > 0 ? Math.ceil((total - done) / rate) : undefined;
     const percent = total ? Math.floor((done / total) * 100) : 0;
     process.stderr.write(`${this.#label} ${payload.done}/${payload.all} ${payload.unit} (${percent}%), ${payload.rate}/s${eta !== undefined ? `, ETA ${eta}s` : ''}\n`);
+  }
+
+  /** A message between the progress lines: on a terminal, on a line of its own above the bar, which is drawn again below it. */
+  note(line: string): void {
+    if (this.#bar && running.has(this)) {
+      // The bar's library goes back to the cursor position it saved when it stops: saved again
+      // here, that is the bar's new line, not the note's.
+      process.stderr.write(`\r\x1b[K${line}\n\x1b7`);
+      return;
+    }
+    process.stderr.write(line + '\n');
   }
 
   stop(): void {

@@ -247,6 +247,38 @@ describe('the keyfleet CLI', () => {
     }
   });
 
+  it('says once that a batch makes no progress (no worker running), goes on waiting, and finishes when a worker comes', async () => {
+    const own = testEnv({ CHUNK_ITEMS: '500' });
+    const idleApi = await startApi(own.env);
+    let lateWorker: RunningProcess | undefined;
+    try {
+      // --timeout (here KEYFLEET_TIMEOUT) is also how long a batch may make no progress before the CLI says so.
+      const run = (args: string[], started?: (child: ChildProcess) => void) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: idleApi.url, KEYFLEET_TOKEN: own.admin.token, KEYFLEET_TIMEOUT: '2' }, ...(started ? { started } : {}) });
+      expect((await run(['keys', 'create', 'waiting'])).code).toBe(0);
+      writeFileSync(path('waiting.txt'), Array.from({ length: 2_000 }, (_, i) => `WAIT-${i}`).join('\n') + '\n');
+      let told: () => void = () => {};
+      const stalled = new Promise<void>((resolve) => (told = resolve));
+      const encrypting = run(['encrypt', '--key', 'waiting', '--in', 'waiting.txt', '--out', 'waiting.enc'], (child) => {
+        let seen = '';
+        child.stderr!.on('data', (d) => (seen += d) && seen.includes('(is one running?)') && told());
+      });
+      await Promise.race([stalled, encrypting]);
+      // Still waiting, not failed, while no worker runs: the batch is only queued.
+      expect(await Promise.race([encrypting.then(() => 'ended'), new Promise((r) => setTimeout(() => r('waiting'), 2_500))])).toBe('waiting');
+      lateWorker = await startWorker(own.env);
+      const { code, stderr } = await encrypting;
+      expect(code, stderr).toBe(0);
+      const batchId = /batch ([\w-]+) accepted/.exec(stderr)![1]!;
+      const notices = stderr.split('\n').filter((line) => line.includes('(is one running?)'));
+      // Once per stall, however long it lasts: 2 s of silence, then 2.5 s more.
+      expect(notices).toEqual([`keyfleet: batch ${batchId} is queued, 0 of 2,000 items processed, none in the last 2 s: its chunks wait for a worker (is one running?). Still waiting; Ctrl-C leaves the batch to resume with --resume ${batchId}`]);
+      expect(stderr).toContain('2,000 of 2,000 items encrypted into waiting.enc');
+      expect(readFileSync(path('waiting.enc'), 'utf8').split('\n').filter((line) => line.startsWith('kf:v1:'))).toHaveLength(2_000);
+    } finally {
+      await Promise.all([lateWorker?.stop(), idleApi.stop()]);
+    }
+  });
+
   it('resumes a download cut mid-way and reports each failed item once', async () => {
     // 20,000 ciphertexts, every 1,000th replaced by one that fails.
     const lines = readFileSync(path('serials.enc'), 'utf8').split('\n').slice(0, 20_000);

@@ -34,4 +34,14 @@ describe('the CLI progress lines', () => {
   it('count items as whole numbers with separators', () => {
     expect(linesOf('items', (p) => p.update(50_000, 50_000, Date.now() - 2_000))).toEqual([expect.stringMatching(/^keyfleet: upload 50,000\/50,000 items \(100%\), [\d,]+ items\/s, ETA 0s$/)]);
   });
+
+  it('measure the rate and ETA from what was done when the count began (a resumed run), not from nothing', () => {
+    // 10,000 items in the last 2 s: 5,000/s, and 40,000 left take 8 s (from nothing it would read 30,000/s and 2 s).
+    const [line] = linesOf('items', (p) => p.update(60_000, 100_000, Date.now() - 2_000, 50_000));
+    const [, rate, eta] = /, ([\d,]+) items\/s, ETA (\d+)s$/.exec(line!)!;
+    expect(Number(rate!.replaceAll(',', ''))).toBeGreaterThan(4_000);
+    expect(Number(rate!.replaceAll(',', ''))).toBeLessThanOrEqual(5_000);
+    expect(Number(eta)).toBeGreaterThanOrEqual(8);
+    expect(Number(eta)).toBeLessThan(10);
+  });
 });
