@@ -20,7 +20,7 @@ import {
 } from '../shared/schemas.js';
 import type { KeyType } from '../shared/crypto/key-ring.js';
 import { MAX_TIMER_MS } from '../shared/timers.js';
-import { MAX_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
+import { MAX_TOKEN_LENGTH, MIN_TOKEN_LENGTH, TOKEN_CHARACTERS } from '../shared/tokens.js';
 import { failureReason, KeyfleetApiError, KeyfleetConnectionError, KeyfleetTimeoutError, sendAgainWith } from './errors.js';
 import { delay, GATEWAY_ANSWERS, retryDelayMs, withRetries, type RetryOptions } from './retry.js';
 import { readServerEvents } from './sse.js';
@@ -104,8 +104,8 @@ export type CryptoAnswer = ({ kind: 'results' } & CryptoResponse) | ({ kind: 'ba
 export type BodySource = () => AsyncIterable<Uint8Array | string> | Iterable<Uint8Array | string>;
 
 const encoder = new TextEncoder();
-/** What the API reads after `Bearer ` (shared/tokens.ts): anything else could never authenticate. */
-const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]{1,${MAX_TOKEN_LENGTH}}$`);
+/** What the API reads after `Bearer ` and takes in KEYFLEET_TOKENS (shared/tokens.ts): anything else could never authenticate. */
+const TOKEN = new RegExp(`^[${TOKEN_CHARACTERS}]{${MIN_TOKEN_LENGTH},${MAX_TOKEN_LENGTH}}$`);
 
 /**
  * A typed client of every keyfleet route, over fetch. Answers are checked against the same zod
@@ -131,7 +131,7 @@ export class KeyfleetClient {
     }
     if (parsed.username || parsed.password) throw new Error('keyfleet client: the URL holds credentials (user:password@); give the API’s URL without them, and the bearer token as the token (KEYFLEET_TOKEN)');
     if (!token) throw new Error('keyfleet client: a token is required (KEYFLEET_TOKEN)');
-    if (!TOKEN.test(token)) throw new Error(`keyfleet client: the token must be 1-${MAX_TOKEN_LENGTH} visible ASCII characters (no spaces, line breaks or other characters), as the API reads it; check KEYFLEET_TOKEN`);
+    if (!TOKEN.test(token)) throw new Error(`keyfleet client: the token must be ${MIN_TOKEN_LENGTH}-${MAX_TOKEN_LENGTH} visible ASCII characters (no spaces, line breaks or other characters), as the API reads it; check KEYFLEET_TOKEN`);
     this.url = url.replace(/\/+$/, '');
     this.#token = token;
     this.#retry = retry;

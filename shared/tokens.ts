@@ -21,6 +21,8 @@ const NAME = /^[A-Za-z0-9._-]{1,64}$/;
 
 /** The longest token: the API reads at most this many characters after `Bearer ` (auth plugin). */
 export const MAX_TOKEN_LENGTH = 512;
+/** The shortest token KEYFLEET_TOKENS takes: a shorter one could be guessed, and never authenticates. */
+export const MIN_TOKEN_LENGTH = 16;
 
 /**
  * The characters of a token, as a regex class: visible ASCII, what the auth plugin reads after
@@ -48,7 +50,7 @@ export function parseTokens(spec: string): TokenEntry[] {
     const [tenant, token, scopeList, extra] = entry.split(':');
     if (token === undefined || extra !== undefined) fail('tenant:token[:scope+scope] (a token holds no : or ,)');
     if (!tenant || !NAME.test(tenant)) fail('a tenant name of [A-Za-z0-9._-], 1-64 characters');
-    if (token.length < 16) fail('a token of at least 16 characters');
+    if (token.length < MIN_TOKEN_LENGTH) fail(`a token of at least ${MIN_TOKEN_LENGTH} characters`);
     // A longer one could never authenticate. Its length, not its content, goes in the message.
     if (token.length > MAX_TOKEN_LENGTH) fail(`a token of at most ${MAX_TOKEN_LENGTH} characters, got ${token.length}`);
     if (!TOKEN.test(token)) fail('a token of visible ASCII characters (! to ~: no space, control or non-ASCII character), as Authorization: Bearer carries it');

@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetClient } from '../../client/index.js';
-import { testEnv } from '../helpers/env.js';
+import { STAND_IN_TOKEN, testEnv } from '../helpers/env.js';
 import { runCli } from '../helpers/cli.js';
 import { tcpProxy, type ProxiedConnection } from '../helpers/net.js';
 import { type ApiProcess, startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
@@ -216,8 +216,10 @@ describe('the client and the CLI', () => {
 
     // The SDK refuses both in its constructor, with messages that name the option, not its value.
     expect(() => new KeyfleetClient({ url, token: 'SECRET123 x' })).toThrow(/^keyfleet client: the token .*visible ASCII/);
+    // Shorter than any token the service takes (KEYFLEET_TOKENS refuses one under 16 characters): refused with the service's bounds.
+    expect(() => new KeyfleetClient({ url, token: 'SECRET123-short' })).toThrow(/^keyfleet client: the token must be 16-512 visible ASCII characters/);
     expect(() => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })).toThrow(/^keyfleet client: the URL holds credentials/);
-    for (const bad of [() => new KeyfleetClient({ url, token: 'SECRET123 x' }), () => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })]) {
+    for (const bad of [() => new KeyfleetClient({ url, token: 'SECRET123 x' }), () => new KeyfleetClient({ url, token: 'SECRET123-short' }), () => new KeyfleetClient({ url: `http://user:s3cr3t@127.0.0.1:${port}`, token: admin.token })]) {
       expect(() => bad()).not.toThrow(/SECRET123|s3cr3t/);
     }
   });
@@ -270,7 +272,7 @@ describe('the client and the CLI', () => {
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
     try {
       const standIn = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
-      const client = new KeyfleetClient({ url: standIn, token: 't' });
+      const client = new KeyfleetClient({ url: standIn, token: STAND_IN_TOKEN });
       await expect(client.waitForBatch('Gone1234Gone5678')).rejects.toThrow(/^batch Gone1234Gone5678 expired or was deleted$/);
       const run = await keyfleet(['encrypt', '--key', 'k', '--resume', 'Gone1234Gone5678', '--out', 'gone.enc'], { KEYFLEET_URL: standIn });
       expect(run.code).toBe(1);

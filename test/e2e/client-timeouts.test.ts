@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { KeyfleetClient, KeyfleetConnectionError, KeyfleetTimeoutError } from '../../client/index.js';
 import { runCli } from '../helpers/cli.js';
+import { STAND_IN_TOKEN } from '../helpers/env.js';
 
 // How long the client waits on an API that does not answer, or stops answering: stand-in APIs
 // on loopback that hold a request, a body or a stream as a hung API (or a gateway before one)
@@ -46,7 +47,7 @@ const sleep = (ms: number) => new Promise((ok) => setTimeout(ok, ms));
 describe('the typed client’s time limits', () => {
   it('gives up on an API that sends no answer after timeoutMs, naming the call and the wait, and sends a rotation once', { timeout: 10_000 }, async () => {
     const { url, requests } = await silentApi();
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, retry: { baseDelayMs: 10 } });
     const started = Date.now();
     const rotated = await client.rotateKey('serials').catch((e: unknown) => e);
     expect(Date.now() - started).toBeLessThan(3_000);
@@ -64,7 +65,7 @@ describe('the typed client’s time limits', () => {
 
   it('says a call that changes something may have been done when its answer does not come, whether or not it is safe to repeat', { timeout: 10_000 }, async () => {
     const { url, requests } = await silentApi();
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, retry: { baseDelayMs: 10 } });
     const messageOf = (call: Promise<unknown>) => call.then(() => 'answered', (e: unknown) => (e as Error).message);
     // A policy change and a trim set values (safe to repeat), and are done all the same.
     expect(await messageOf(client.patchKey('serials', { deletionAllowed: true }))).toBe(`PATCH /v1/keys/serials: no answer from ${url} within 0.3 s; the API may have done it`);
@@ -84,7 +85,7 @@ describe('the typed client’s time limits', () => {
         res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify({ batchId: 'Once1234Once5678', status: 'queued', total: 2 }));
       });
     });
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, retry: { baseDelayMs: 10 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, retry: { baseDelayMs: 10 } });
     expect(await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a', 'b'])).toMatchObject({ batchId: 'Once1234Once5678' });
     expect(await client.createBatchFromNdjson({ op: 'encrypt', key: 'k', idempotencyKey: 'upload-1' }, function* () {
       yield '"a"\n"b"\n';
@@ -106,7 +107,7 @@ describe('the typed client’s time limits', () => {
       if (req.url!.includes('key=stalled-second') && keys.length === 2) return void req.pause(); // takes nothing
       req.resume(); // read, never answered
     });
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 2, baseDelayMs: 10 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 2, baseDelayMs: 10 } });
     const upload = await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a', 'b']).catch((e: unknown) => e);
     expect(keys).toHaveLength(2);
     expect(keys[1]).toBe(keys[0]);
@@ -143,7 +144,7 @@ describe('the typed client’s time limits', () => {
       keys.push(String(req.headers['idempotency-key']));
       req.resume().on('end', () => res.writeHead(409, { 'retry-after': '1', 'content-type': 'application/json' }).end('{"error":{"code":"KF_IDEMPOTENCY_IN_PROGRESS","message":"a request with this Idempotency-Key is still in progress; retry later"}}'));
     });
-    const client = new KeyfleetClient({ url, token: 't', retry: { attempts: 2, maxDelayMs: 10 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, retry: { attempts: 2, maxDelayMs: 10 } });
     const running = await client.createBatch({ op: 'encrypt', key: 'k' }, () => ['a']).catch((e: unknown) => e);
     expect(keys).toHaveLength(2);
     expect(running).toMatchObject({ status: 409, code: 'KF_IDEMPOTENCY_IN_PROGRESS' });
@@ -152,8 +153,8 @@ describe('the typed client’s time limits', () => {
 
   it('refuses a time limit that is not a positive number of milliseconds, naming the option', () => {
     for (const timeoutMs of [0, -1, Number.NaN, 2 ** 31]) {
-      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', timeoutMs })).toThrow(/^keyfleet client: timeoutMs must be/);
-      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: 't', idleTimeoutMs: timeoutMs })).toThrow(/^keyfleet client: idleTimeoutMs must be/);
+      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: STAND_IN_TOKEN, timeoutMs })).toThrow(/^keyfleet client: timeoutMs must be/);
+      expect(() => new KeyfleetClient({ url: 'http://127.0.0.1:1', token: STAND_IN_TOKEN, idleTimeoutMs: timeoutMs })).toThrow(/^keyfleet client: idleTimeoutMs must be/);
     }
   });
 
@@ -166,7 +167,7 @@ describe('the typed client’s time limits', () => {
       }
       if (req.url!.includes('/b1/')) res.end(); // b2 goes silent
     });
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 400 });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, idleTimeoutMs: 400 });
     const started = Date.now();
     const all = [];
     for await (const line of client.results('b1')) all.push(line.i);
@@ -189,14 +190,14 @@ describe('the typed client’s time limits', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.write(`event: progress\ndata: ${status(3)}\n\n`); // then nothing, not even a keep-alive
     });
-    const client = new KeyfleetClient({ url, token: 't', idleTimeoutMs: 300, retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, idleTimeoutMs: 300, retry: { baseDelayMs: 10, maxDelayMs: 20 } });
     const started = Date.now();
     await expect(client.waitForBatch('b1', undefined, { reconnects: 1 })).rejects.toThrow(`batch b1: the event stream broke (GET /v1/batches/b1/events: the answer from ${url} stopped for 0.3 s), 1 reconnections in a row failed`);
     expect(streams).toBe(2);
     expect(Date.now() - started).toBeLessThan(3_000);
 
     // The caller's own limit: a signal ends the wait, however patient the client's limits are.
-    const patient = new KeyfleetClient({ url, token: 't', idleTimeoutMs: 60_000 });
+    const patient = new KeyfleetClient({ url, token: STAND_IN_TOKEN, idleTimeoutMs: 60_000 });
     const stop = new AbortController();
     setTimeout(() => stop.abort(), 200);
     const aborted = await patient.waitForBatch('b1', undefined, { signal: stop.signal }).catch((e: unknown) => e);
@@ -212,7 +213,7 @@ describe('the typed client’s time limits', () => {
       }); // key=unanswered: read to the end, never answered
     });
     // One attempt: an upload's key would have it sent again after a timeout.
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 1 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, idleTimeoutMs: 300, retry: { attempts: 1 } });
     const piece = `${JSON.stringify('LIC-0000-0000-0000-0000-0000-0000')}\n`.repeat(7_000); // 252 KB
     const stalled = await client.createBatchFromNdjson({ op: 'encrypt', key: 'stalled' }, function* () {
       for (let n = 0; n < 256; n++) yield piece; // up to 64 MB, made only as it is taken
@@ -242,7 +243,7 @@ describe('the typed client’s time limits', () => {
       req.resume();
       res.writeHead(202, { 'content-type': 'application/json' }).flushHeaders();
     });
-    const client = new KeyfleetClient({ url, token: 't', timeoutMs: 300, idleTimeoutMs: 300 });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, timeoutMs: 300, idleTimeoutMs: 300 });
     const started = Date.now();
     // A piece every 0.1 s for 5 s: the caller's own limit of 4 s ends it if the client's does not.
     const answer = await client.createBatchFromNdjson({ op: 'encrypt', key: 'early', signal: AbortSignal.timeout(4_000) }, async function* () {
@@ -266,7 +267,7 @@ describe('the caller’s AbortSignal', () => {
       if (req.url!.endsWith('/events')) return void res.writeHead(200, { 'content-type': 'text/event-stream' }).end(); // ends without a final status
       res.writeHead(503, { 'retry-after': '5', 'content-type': 'application/json' }).end('{"error":{"code":"KF_REDIS_UNAVAILABLE","message":"later"}}');
     });
-    const client = new KeyfleetClient({ url, token: 't', retry: { baseDelayMs: 5_000 } });
+    const client = new KeyfleetClient({ url, token: STAND_IN_TOKEN, retry: { baseDelayMs: 5_000 } });
     const abortedWith = async (call: (signal: AbortSignal) => Promise<unknown>) => {
       const stop = new AbortController();
       const reason = new Error('the caller had enough');
@@ -294,12 +295,12 @@ describe('the caller’s AbortSignal', () => {
 describe('the CLI’s --timeout', () => {
   it('takes seconds, says which call timed out and that a rotation may have been done, and refuses a value that is no number of seconds', { timeout: 15_000 }, async () => {
     const { url } = await silentApi();
-    const run = await runCli(['--timeout', '0.5', 'keys', 'rotate', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' }, timeoutMs: 10_000 });
+    const run = await runCli(['--timeout', '0.5', 'keys', 'rotate', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: STAND_IN_TOKEN }, timeoutMs: 10_000 });
     expect(run.code).toBe(1);
     expect(run.stderr).toBe(`keyfleet: POST /v1/keys/serials/rotate: no answer from ${url} within 0.5 s; the API may have done it\n`);
-    const fromEnv = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't', KEYFLEET_TIMEOUT: '0.5' }, timeoutMs: 10_000 });
+    const fromEnv = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: STAND_IN_TOKEN, KEYFLEET_TIMEOUT: '0.5' }, timeoutMs: 10_000 });
     expect(fromEnv.stderr).toBe(`keyfleet: GET /v1/keys/serials: no answer from ${url} within 0.5 s\n`);
-    const bad = await runCli(['--timeout', 'soon', 'keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' }, timeoutMs: 10_000 });
+    const bad = await runCli(['--timeout', 'soon', 'keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: STAND_IN_TOKEN }, timeoutMs: 10_000 });
     expect(bad.code).toBe(1);
     expect(bad.stderr).toContain('--timeout');
     expect(bad.stderr).toContain('expected a number of seconds > 0');
@@ -312,7 +313,7 @@ describe('the CLI’s --timeout', () => {
       req.resume(); // read, never answered
     });
     writeFileSync(join(dir, 'two.txt'), 'a\nb\n');
-    const env = { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't' };
+    const env = { KEYFLEET_URL: url, KEYFLEET_TOKEN: STAND_IN_TOKEN };
     const encrypt = ['--timeout', '0.3', 'encrypt', '--key', 'k', '--in', 'two.txt', '--out', 'two.enc'];
     const run = await runCli(encrypt, { cwd: dir, env, timeoutMs: 20_000 });
     expect(run.code).toBe(1);
@@ -347,7 +348,7 @@ describe('the CLI’s --timeout', () => {
     const key = { name: 'serials', type: 'aes256-gcm96', convergent: false, latestVersion: 1, minDecryptionVersion: 1, minEncryptionVersion: 1, deletionAllowed: false, autoRotatePeriod: 0, createdAt: new Date().toISOString() };
     const url = await standIn((_req, res) => void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(key)));
     for (const blank of ['', '  ']) {
-      const run = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: 't', KEYFLEET_TIMEOUT: blank }, timeoutMs: 10_000 });
+      const run = await runCli(['keys', 'show', 'serials'], { cwd: dir, env: { KEYFLEET_URL: url, KEYFLEET_TOKEN: STAND_IN_TOKEN, KEYFLEET_TIMEOUT: blank }, timeoutMs: 10_000 });
       expect(run.stderr).toBe('');
       expect(run.code).toBe(0);
       expect(JSON.parse(run.stdout)).toMatchObject({ name: 'serials' });

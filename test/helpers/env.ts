@@ -38,3 +38,6 @@ export function testEnv(overrides: Record<string, string> = {}): { env: Record<s
 export const configFrom = (env: Record<string, string>): Config => loadConfig(env);
 
 export const bearer = (t: TestTenant): Record<string, string> => ({ authorization: `Bearer ${t.token}` });
+
+/** A token for a client talking to a stand-in server, not to the API: of a length the client takes (16 to 512 characters). */
+export const STAND_IN_TOKEN = 'stand-in-token-0';
