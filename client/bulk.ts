@@ -149,7 +149,9 @@ async function bulk(client: KeyfleetClient, options: BulkOptions): Promise<BulkO
     });
     batchId = accepted.batchId;
     options.onAccepted?.(batchId);
-    log(`keyfleet: batch ${batchId} accepted, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with ${resumeWith(options, batchId)})`);
+    // A key of the user's own may have made its batch in an earlier run: this run then follows that one.
+    const earlier = accepted.replayed && options.idempotencyKey ? `, made earlier under --idempotency-key ${options.idempotencyKey}` : '';
+    log(`keyfleet: batch ${batchId} accepted${earlier}, ${accepted.total.toLocaleString('en-US')} items (interrupted? resume with ${resumeWith(options, batchId)})`);
   } else {
     // Before waiting on it or reading the input: a batch of another op or key is refused at
     // once, not once it has ended (a batch's op and key never change; one just made is ours).

@@ -211,7 +211,7 @@ export class KeyfleetClient {
 
   // ---- batches --------------------------------------------------------------------------
   /** Uploads items (strings) as NDJSON, streamed; `items` is called again if the upload is retried. */
-  createBatch(request: BatchRequest, items: () => AsyncIterable<string> | Iterable<string>): Promise<BatchAccepted> {
+  createBatch(request: BatchRequest, items: () => AsyncIterable<string> | Iterable<string>): Promise<BatchAccepted & { readonly replayed?: true }> {
     return this.createBatchFromNdjson(request, async function* () {
       // Lines are gathered into pieces of about 64 KB: one write per item would dominate.
       let piece = '';
@@ -229,14 +229,16 @@ export class KeyfleetClient {
   /**
    * Uploads an NDJSON body (one JSON string per line) as it is, streamed. Without an
    * `idempotencyKey` the upload gets one of its own, the same on every retry: a gateway's 503
-   * after the API accepted it then gives back the same batch, not a second one.
+   * after the API accepted it then gives back the same batch, not a second one. `replayed`: the
+   * answer is the batch that this key made before (the API's `Idempotent-Replayed: true`).
    */
-  async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted> {
+  async createBatchFromNdjson(request: BatchRequest, body: BodySource): Promise<BatchAccepted & { readonly replayed?: true }> {
     const { op, key, encoding, callbackUrl, context, targetKey } = request;
     const query = new URLSearchParams({ op, key, ...(encoding ? { encoding } : {}), ...(callbackUrl ? { callbackUrl } : {}), ...(context !== undefined ? { context } : {}), ...(targetKey ? { targetKey } : {}) });
     const idempotencyKey = request.idempotencyKey ?? randomUUID();
     const res = await this.#send('POST', `/v1/batches?${query}`, undefined, { headers: { 'content-type': 'application/x-ndjson' }, idempotencyKey, stream: body, repeatable: true, ...(request.signal ? { signal: request.signal } : {}) });
-    return this.#json(res, batchAccepted, 202);
+    const accepted = await this.#json(res, batchAccepted, 202);
+    return res.headers.get('idempotent-replayed') === 'true' ? { ...accepted, replayed: true } : accepted;
   }
 
   async batch(id: string): Promise<BatchStatusBody> {

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KeyfleetApiError, KeyfleetClient, KeyfleetConnectionError, retryDelayMs } from '../../client/index.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
-import { testEnv } from '../helpers/env.js';
+import { STAND_IN_TOKEN, testEnv } from '../helpers/env.js';
 import { runCli } from '../helpers/cli.js';
 import { freePort, tcpProxy } from '../helpers/net.js';
 import { type ApiProcess, startApi, startApiAndWorker, startWorker, type RunningProcess } from '../helpers/processes.js';
@@ -192,6 +192,21 @@ describe('the keyfleet CLI', () => {
     const opened = await keyfleet(['decrypt', '--key', 'serials', '--in', 'serials.enc', '--out', 'serials.dec']);
     expect(opened.code).toBe(0);
     expect(readFileSync(path('serials.dec')).equals(Buffer.from(original))).toBe(true);
+  });
+
+  it('with the same --idempotency-key again, follows the batch made before and says so, writing the same results', async () => {
+    writeFileSync(path('again.txt'), 'AGAIN-1\nAGAIN-2\nAGAIN-3\n');
+    const args = ['encrypt', '--key', 'serials', '--in', 'again.txt', '--out', 'again.enc', '--idempotency-key', 'import-again-1'];
+    const first = await keyfleet(args);
+    expect(first.code, first.stderr).toBe(0);
+    const batchId = /keyfleet: batch ([\w-]+) accepted, 3 items/.exec(first.stderr)?.[1];
+    expect(batchId).toBeDefined();
+    const sealed = readFileSync(path('again.enc'), 'utf8');
+    const second = await keyfleet(args);
+    expect(second.code, second.stderr).toBe(0);
+    expect(second.stderr).toContain(`keyfleet: batch ${batchId} accepted, made earlier under --idempotency-key import-again-1, 3 items`);
+    // The earlier batch's results, not fresh ciphertexts of a second batch.
+    expect(readFileSync(path('again.enc'), 'utf8')).toBe(sealed);
   });
 
   it('reports failed items with their line numbers and exits 2, keeping every other line in place', async () => {
@@ -664,7 +679,7 @@ describe('the typed client', () => {
     });
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
     try {
-      const client = new KeyfleetClient({ url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, token: 't', retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+      const client = new KeyfleetClient({ url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, token: STAND_IN_TOKEN, retry: { baseDelayMs: 10, maxDelayMs: 20 } });
       const seen: number[] = [];
       const final = await client.waitForBatch('b1', (s) => seen.push(s.processed));
       expect(final).toMatchObject({ status: 'completed', processed: 10 });
@@ -673,7 +688,7 @@ describe('the typed client', () => {
       await expect(client.waitForBatch('b2')).rejects.toMatchObject({ status: 404, code: 'KF_BATCH_NOT_FOUND' });
       // A stream that keeps ending without news is given up after `reconnects` tries in a row.
       // A URL nothing answers fails at once, unless the API answered before (the CLI's upload).
-      const closed = new KeyfleetClient({ url: `http://127.0.0.1:${await freePort()}`, token: 't', retry: { baseDelayMs: 10, maxDelayMs: 20 } });
+      const closed = new KeyfleetClient({ url: `http://127.0.0.1:${await freePort()}`, token: STAND_IN_TOKEN, retry: { baseDelayMs: 10, maxDelayMs: 20 } });
       await expect(closed.waitForBatch('b1')).rejects.toBeInstanceOf(KeyfleetConnectionError);
       await expect(closed.waitForBatch('b1', undefined, { apiReached: true, reconnects: 2 })).rejects.toThrow(/^batch b1: the event stream broke \(cannot reach .* \(ECONNREFUSED\)\), 2 reconnections in a row failed$/);
       neverDone = true;
@@ -698,7 +713,7 @@ describe('the typed client', () => {
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
     try {
       const cutting = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
-      const cut = await new KeyfleetClient({ url: cutting, token: 't', retry: { attempts: 3 } }).getKey('k').catch((e: unknown) => e);
+      const cut = await new KeyfleetClient({ url: cutting, token: STAND_IN_TOKEN, retry: { attempts: 3 } }).getKey('k').catch((e: unknown) => e);
       expect(cut).toBeInstanceOf(KeyfleetConnectionError);
       expect(cut).toMatchObject({ url: cutting, message: `cannot reach ${cutting} (other side closed)` });
       expect(connections).toBe(1);
@@ -707,7 +722,7 @@ describe('the typed client', () => {
 
       // A connection was made: an upload whose own source fails gives that error back, not a connection error.
       const broken = new Error('the source broke');
-      const upload = new KeyfleetClient({ url: cutting, token: 't' }).createBatch({ op: 'encrypt', key: 'k' }, function* () {
+      const upload = new KeyfleetClient({ url: cutting, token: STAND_IN_TOKEN }).createBatch({ op: 'encrypt', key: 'k' }, function* () {
         yield 'a';
         throw broken;
       });
@@ -718,7 +733,7 @@ describe('the typed client', () => {
       await new Promise((ok) => server.close(ok));
     }
     const closed = `http://127.0.0.1:${await freePort()}`;
-    await expect(new KeyfleetClient({ url: closed, token: 't' }).ready()).rejects.toMatchObject({ name: 'KeyfleetConnectionError', message: `cannot reach ${closed} (ECONNREFUSED)` });
+    await expect(new KeyfleetClient({ url: closed, token: STAND_IN_TOKEN }).ready()).rejects.toMatchObject({ name: 'KeyfleetConnectionError', message: `cannot reach ${closed} (ECONNREFUSED)` });
   });
 
   it('retries 429 and 503 honouring Retry-After (seconds or HTTP date), then gives up', async () => {
@@ -737,14 +752,14 @@ describe('the typed client', () => {
     await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
     try {
       const { port } = server.address() as { port: number };
-      const client = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: 't', retry: { attempts: 3 } });
+      const client = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: STAND_IN_TOKEN, retry: { attempts: 3 } });
       expect((await client.getKey('k')).name).toBe('k');
       expect(arrivals).toHaveLength(2);
       // The client waited at least what the server asked for.
       expect(arrivals[1]! - arrivals[0]!).toBeGreaterThanOrEqual(950);
       answer503 = 10;
       arrivals.length = 0;
-      const fast = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: 't', retry: { attempts: 2, maxDelayMs: 10 } });
+      const fast = new KeyfleetClient({ url: `http://127.0.0.1:${port}`, token: STAND_IN_TOKEN, retry: { attempts: 2, maxDelayMs: 10 } });
       await expect(fast.getKey('k')).rejects.toMatchObject({ status: 503, code: 'KF_REDIS_UNAVAILABLE' });
       expect(arrivals).toHaveLength(2);
     } finally {

@@ -19,7 +19,7 @@ import {
   type ResultLine,
 } from 'keyfleet/client';
 
-const options: ClientOptions = { url: 'http://127.0.0.1:8080', token: 'tok', retry: { attempts: 3 } };
+const options: ClientOptions = { url: 'http://127.0.0.1:8080', token: 'tok_0123456789abcdef', retry: { attempts: 3 } };
 const client = new KeyfleetClient(options);
 
 export async function everyOption(): Promise<void> {
