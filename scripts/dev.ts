@@ -9,7 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { API_NODE_FLAGS } from '../producer/node-flags.js';
-import { redisUrls, shownRedisUrl } from '../shared/config.js';
+import { DEFAULT_WORKER_METRICS_PORT, redisUrls, shownRedisUrl } from '../shared/config.js';
 import { freePort, portInUse, redisAnswers, stopChild, waitForOk, waitForRedis } from './local-net.js';
 
 const root = resolve(import.meta.dirname, '..', '..');
@@ -50,7 +50,9 @@ function run(name: string, script: string, env: NodeJS.ProcessEnv, flags: readon
   const child = spawn(process.execPath, [...flags, join(root, 'dist', script)], { env, stdio: ['ignore', 'inherit', 'inherit'] });
   child.once('exit', (code, signal) => {
     if (!stopped) {
-      console.error(`keyfleet ${name} exited (${signal ?? code}); stopping`);
+      // Exit 0 comes only after a drain, which only SIGTERM or SIGINT starts: one sent to the child alone.
+      const why = code === 0 ? '0: it was sent SIGTERM or SIGINT, and drained' : (signal ?? code);
+      console.error(`keyfleet ${name} exited (${why}); stopping`);
       void stop(1);
     }
   });
@@ -81,6 +83,9 @@ const port = process.env['PORT'] ?? '8080';
 // meant for this API, which fails to listen: the banner would show the other service. (A PORT
 // that is not a port number, or one this user may not take, is the API's to refuse, naming it.)
 if (await portInUse(Number(port))) await giveUp(new Error(`port ${port} is taken (another keyfleet running?); set PORT to a free one`));
+// So with the worker's: it would fail once the API is ready, after the banner. (0 is any free port.)
+const metricsPort = process.env['WORKER_METRICS_PORT'] || String(DEFAULT_WORKER_METRICS_PORT);
+if (Number(metricsPort) > 0 && (await portInUse(Number(metricsPort)))) await giveUp(new Error(`the worker's metrics port ${metricsPort} is taken (another keyfleet running?); set WORKER_METRICS_PORT to a free one, or to 0 for any`));
 // Set but empty, as the API and the worker refuse it: probed as is, it would be whichever Redis
 // answers on 127.0.0.1, or a new one.
 if (process.env['REDIS_URL']?.trim() === '') await giveUp(new Error('REDIS_URL is set but empty: unset it for redis://127.0.0.1:6379 (or a Redis of its own), or set a URL'));

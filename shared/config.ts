@@ -5,6 +5,8 @@ import { MAX_TIMER_MS } from './timers.js';
 import { parseTokens, type TokenEntry } from './tokens.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+/** Where a worker serves /metrics, /healthz and /readyz unless WORKER_METRICS_PORT says otherwise. */
+export const DEFAULT_WORKER_METRICS_PORT = 9464;
 
 /** A duration in milliseconds that ends up in a timer (setTimeout, BullMQ's lock and stall timers). */
 const timerMs = (min: number) => z.coerce.number().int().min(min).max(MAX_TIMER_MS, `expected at most ${MAX_TIMER_MS} ms (2^31−1, the longest delay of Node's timers)`);
@@ -211,7 +213,7 @@ const envSchema = z.object({
    */
   WORKER_DRAIN_SECONDS: timerSeconds(1).default(50),
   /** Port of a worker's own HTTP server (/metrics, /healthz, /readyz); it listens on HOST. */
-  WORKER_METRICS_PORT: int(0, 65535).default(9464),
+  WORKER_METRICS_PORT: int(0, 65535).default(DEFAULT_WORKER_METRICS_PORT),
   /** The crypto kernel: `auto` uses the native OpenSSL kernel where it was built, `js` always node:crypto. */
   KEYFLEET_KERNEL: z.enum(['auto', 'native', 'js']).default('auto'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import { resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -14,11 +14,14 @@ afterAll(async () => {
 });
 
 /** Runs `npm start`'s script until it exits (killed after `withinMs`): its exit code and output. */
-function runDev(given: Record<string, string>, withinMs = 20_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
+function runDev(given: Record<string, string>, withinMs = 20_000, onStdout?: (stdout: string, runner: ChildProcess) => void): Promise<{ code: number | null; stdout: string; stderr: string }> {
   const child = spawn(process.execPath, [script], { env: { PATH: process.env['PATH'] ?? '', ...given }, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
-  child.stdout.on('data', (piece: Buffer) => (stdout += piece.toString()));
+  child.stdout.on('data', (piece: Buffer) => {
+    stdout += piece.toString();
+    onStdout?.(stdout, child);
+  });
   child.stderr.on('data', (piece: Buffer) => (stderr += piece.toString()));
   const killer = setTimeout(() => child.kill('SIGKILL'), withinMs);
   return new Promise((done) =>
@@ -71,5 +74,33 @@ describe('npm start (scripts/dev.ts)', { timeout: 60_000 }, () => {
     expect(run.code, run.stdout + run.stderr).toBe(1);
     expect(run.stdout).toBe('');
     expect(run.stderr).toBe('keyfleet: REDIS_URL is set but empty: unset it for redis://127.0.0.1:6379 (or a Redis of its own), or set a URL; stopping\n');
+  });
+
+  it('refuses a worker metrics port that is taken before starting anything, rather than printing its banner and stopping', async () => {
+    const other = createServer((_req, res) => res.end('# another worker'));
+    servers.push(other);
+    await new Promise<void>((ok) => other.listen(0, '127.0.0.1', ok));
+    const taken = String((other.address() as { port: number }).port);
+
+    const run = await runDev({ REDIS_URL: env['REDIS_URL']!, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: String(await freePort()), WORKER_METRICS_PORT: taken });
+
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stdout).toBe('');
+    expect(run.stderr).toBe(`keyfleet: the worker's metrics port ${taken} is taken (another keyfleet running?); set WORKER_METRICS_PORT to a free one, or to 0 for any; stopping\n`);
+  });
+
+  it('says that a worker which exited 0 on its own was told to stop, then stops the API', async () => {
+    let signalled = false;
+    const run = await runDev({ REDIS_URL: env['REDIS_URL']!, KEYFLEET_MASTER_KEY: env['KEYFLEET_MASTER_KEY']!, KEYFLEET_TOKENS: env['KEYFLEET_TOKENS']!, KEYFLEET_PREFIX: env['KEYFLEET_PREFIX']!, PORT: String(await freePort()), WORKER_METRICS_PORT: '0' }, 30_000, (stdout, runner) => {
+      if (signalled || !stdout.includes('keyfleet is running')) return;
+      signalled = true;
+      // The runner's worker, as another session's `kill` would find it.
+      const worker = execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(runner.pid)], { encoding: 'utf8' }).split('\n').find((line) => line.includes('worker/main.js'));
+      process.kill(Number(worker!.trim().split(' ')[0]), 'SIGTERM');
+    });
+
+    expect(signalled, run.stdout + run.stderr).toBe(true);
+    expect(run.code, run.stdout + run.stderr).toBe(1);
+    expect(run.stderr).toContain('keyfleet worker exited (0: it was sent SIGTERM or SIGINT, and drained); stopping\n');
   });
 });
