@@ -4,10 +4,11 @@ import { describe, expect, it } from 'vitest';
 import { createLogger } from '../../shared/logger.js';
 import { ConnectionErrorLog } from '../../shared/redis.js';
 
-function logged(): { errors: ConnectionErrorLog; records: () => Array<Record<string, any>> } {
+/** A log whose messages are held back for `intervalMs`: short where a test waits it out, long where a slow run must not see it pass. */
+function logged(intervalMs = 100): { errors: ConnectionErrorLog; records: () => Array<Record<string, any>> } {
   const lines: string[] = [];
   const sink = new Writable({ write: (chunk, _enc, done) => (lines.push(String(chunk)), done()) });
-  const errors = new ConnectionErrorLog(createLogger({ level: 'info', name: 'test', destination: sink }), 100);
+  const errors = new ConnectionErrorLog(createLogger({ level: 'info', name: 'test', destination: sink }), intervalMs);
   return { errors, records: () => lines.map((l) => JSON.parse(l) as Record<string, any>) };
 }
 
@@ -28,7 +29,7 @@ describe('ConnectionErrorLog', () => {
   });
 
   it('says when a connection is ready again, with how many were held back, and the next error is written at once', () => {
-    const { errors, records } = logged();
+    const { errors, records } = logged(60_000);
     errors.ready('api'); // no errors before: nothing to say
     for (let n = 0; n < 3; n++) errors.report('api', refused(), 'redis connection error');
     errors.report('request', new Error('Command timed out'), 'request failed: redis unavailable', { reqId: 'r-1' });
@@ -41,7 +42,8 @@ describe('ConnectionErrorLog', () => {
   });
 
   it('remembers at most 1,000 messages: past that, the one written longest ago is written again at once', () => {
-    const { errors, records } = logged();
+    // 1,002 log lines can take past 100 ms on a loaded machine, and "job 2" would then be written again for its interval.
+    const { errors, records } = logged(60_000);
     for (let n = 0; n <= 1_000; n++) errors.report('worker', new Error(`job ${n} failed`), 'worker error');
     errors.report('worker', new Error('job 0 failed'), 'worker error'); // forgotten: written again
     errors.report('worker', new Error('job 2 failed'), 'worker error'); // remembered: held back
