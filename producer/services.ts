@@ -11,7 +11,7 @@ import { MasterKey } from '../shared/master-key.js';
 import { ApiMetrics, createRegistry } from '../shared/metrics.js';
 import { createChunkQueue, createWebhookQueue, type WebhookJobData } from '../shared/queue.js';
 import type { Logger } from '../shared/logger.js';
-import { ConnectionErrorLog, createRedis, RedisKeys, type Redis } from '../shared/redis.js';
+import { ConnectionErrorLog, createRedis, RedisKeys, watchEvictionPolicy, type Redis } from '../shared/redis.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { BatchEvents } from './batch-events.js';
@@ -43,6 +43,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const masterKey = requireMasterKey(config);
   const errors = new ConnectionErrorLog(logger);
   const redis = createRedis(config, { role: 'api', errors });
+  watchEvictionPolicy(redis, logger);
   const keys = new RedisKeys(config.prefix);
   const keyStore = new KeyStore(redis, keys, new MasterKey(masterKey, config.previousMasterKey));
   const sealer = new AtRestSealer(masterKey, config.previousMasterKey);

@@ -82,6 +82,29 @@ export function createRedis(target: RedisTarget, { role, errors }: RedisRole): R
   return client;
 }
 
+/**
+ * Logs an error whenever a connection of `client` becomes ready on a Redis that may evict keys
+ * (a `maxmemory-policy` other than noeviction): an evicted wrapped key loses every ciphertext
+ * under it, an evicted chunk its batch. At each connection, so a policy changed while keyfleet
+ * runs shows at the next reconnect. A Redis that refuses INFO (some managed ones) goes unchecked.
+ */
+export function watchEvictionPolicy(client: Redis, logger: Logger): void {
+  client.on('ready', () => {
+    const nodes = 'nodes' in client ? client.nodes('master') : [client];
+    for (const node of nodes) {
+      node.info('memory').then(
+        (info) => {
+          const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1];
+          if (policy && policy !== 'noeviction') {
+            logger.error({ maxmemoryPolicy: policy, redis: `${node.options.host}:${node.options.port}` }, 'redis may evict keys: keyfleet needs maxmemory-policy noeviction (an evicted wrapped key loses every ciphertext under it); CONFIG SET maxmemory-policy noeviction');
+          }
+        },
+        () => {},
+      );
+    }
+  });
+}
+
 function connect(target: RedisTarget, role: RedisRole['role']): Redis {
   // The API and tools fail a command fast when Redis is gone (the API answers 503) instead of
   // queueing it for ever; workers wait for Redis to come back.

@@ -13,7 +13,7 @@ import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue } from '../shared/queue.js';
-import { ConnectionErrorLog, createRedis, RedisKeys } from '../shared/redis.js';
+import { ConnectionErrorLog, createRedis, RedisKeys, watchEvictionPolicy } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
@@ -35,6 +35,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
   const kernel = resolveKernel(config.kernel); // `native` asked for and not built
   const errors = new ConnectionErrorLog(logger);
   const redis = createRedis(config, { role: 'worker', errors });
+  watchEvictionPolicy(redis, logger);
   const keys = new RedisKeys(config.prefix);
   const registry = createRegistry('worker');
   // Ready from "worker started" until close(). A connection that is not up answers at once: the

@@ -336,6 +336,32 @@ describe('faults', { timeout: 300_000 }, () => {
     }
   });
 
+  it('Redis that may evict keys (maxmemory-policy allkeys-lru): the API and the worker each log an error naming the policy, at start and at each reconnect', async () => {
+    const redis = new Redis(ownRedis.url);
+    try {
+      await redis.config('SET', 'maxmemory-policy', 'allkeys-lru');
+      const { api, worker } = await stack({});
+      const evicting = (lines: string[]) => lines.filter((l) => l.includes('redis may evict keys')).map((l) => JSON.parse(l) as Record<string, unknown>);
+      await Promise.all([api.waitFor(/redis may evict keys/), worker.waitFor(/redis may evict keys/)]);
+      for (const lines of [api.lines, worker.lines]) {
+        expect(evicting(lines)).toEqual([expect.objectContaining({ level: 50, maxmemoryPolicy: 'allkeys-lru', msg: expect.stringContaining('keyfleet needs maxmemory-policy noeviction') })]);
+      }
+      // Put right, and the connections made again: no more such lines.
+      await redis.config('SET', 'maxmemory-policy', 'noeviction');
+      await redis.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      await sleep(2_000);
+      expect([evicting(api.lines).length, evicting(worker.lines).length]).toEqual([1, 1]);
+      // Evicting again: the next reconnect says so.
+      await redis.config('SET', 'maxmemory-policy', 'volatile-lru');
+      await redis.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      for (let i = 0; i < 50 && evicting(api.lines).length < 2; i++) await sleep(100);
+      expect(evicting(api.lines).at(-1)).toMatchObject({ maxmemoryPolicy: 'volatile-lru' });
+    } finally {
+      await redis.config('SET', 'maxmemory-policy', 'noeviction');
+      await redis.quit();
+    }
+  });
+
   it('a poison chunk (it fails on every attempt) ends its batch failed with the reason; other batches are unaffected', async () => {
     const { env, admin } = testEnv({ CHUNK_ITEMS: '100', JOB_ATTEMPTS: '2' });
     const app: FastifyInstance = await buildApp({ config: configFrom(env) });
