@@ -11,7 +11,7 @@ const HEARTBEAT_MS = 15_000;
  * carrying the terminal status, after which the stream ends.
  */
 export async function streamBatchEvents(app: FastifyInstance, request: FastifyRequest, reply: FastifyReply, batchId: string): Promise<void> {
-  const { batches, events } = app.services;
+  const { batches, events, connectionErrors } = app.services;
   reply.hijack();
   const res = reply.raw;
   res.writeHead(200, {
@@ -63,7 +63,8 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
         if (terminal) return end();
       } while (again);
     } catch (err) {
-      request.log.warn({ err: { message: (err as Error).message }, batchId }, 'event stream failed');
+      // Once per message per interval, like failed requests: in a Redis outage every open stream fails alike.
+      connectionErrors.report('event-stream', err as Error, 'event stream failed', { reqId: request.id, batchId });
       end();
     } finally {
       busy = false;
@@ -80,7 +81,7 @@ export async function streamBatchEvents(app: FastifyInstance, request: FastifyRe
   // it leaves the stream on the poll alone.
   events.subscribe(batchId, () => void send()).then(
     (stop) => (ended ? stop() : (unsubscribe = stop)),
-    (err: Error) => request.log.warn({ err: { message: err.message }, batchId }, 'event stream on polling alone: subscribe failed'),
+    (err: Error) => connectionErrors.report('event-stream', err, 'event stream on polling alone: subscribe failed', { reqId: request.id, batchId }),
   );
   timers.push(setInterval(() => void send(), POLL_MS).unref());
   timers.push(setInterval(() => res.write(': keep-alive\n\n'), HEARTBEAT_MS).unref());

@@ -237,6 +237,42 @@ describe('faults', { timeout: 300_000 }, () => {
     }
   });
 
+  it('Redis unreachable: event streams that fail end, and their failure is logged once, not once per stream', async () => {
+    const { api, worker, client, admin } = await stack({});
+    expect(await worker.stop()).toBe(0); // no worker: the batch stays queued and its streams open
+    const { batchId } = (await client.uploadNdjson('encrypt', 'serials', ['queued'])).body;
+    const readers = await Promise.all(
+      Array.from({ length: 10 }, async () => {
+        const events = await fetch(`${client.base}/v1/batches/${batchId}/events`, { headers: { authorization: `Bearer ${admin.token}` } });
+        const reader = events.body!.getReader();
+        expect(new TextDecoder().decode((await reader.read()).value)).toContain('event: progress');
+        return reader;
+      }),
+    );
+    await ownRedis.kill();
+    try {
+      // Each stream's next poll (every 2 s) fails, and the stream ends.
+      const ended = await Promise.all(readers.map(async (reader) => {
+        for (;;) if ((await reader.read()).done) return true;
+      }));
+      expect(ended).toEqual(Array(10).fill(true));
+      // The API's log lines reach its stdout a moment after the streams end.
+      await api.waitFor(/event stream failed/);
+      await sleep(1_000);
+      // Each distinct message once (the streams fail with one or two: a timed-out command, a
+      // command refused after the connection's retries), not a line per stream.
+      const failures = api.lines.filter((l) => l.includes('event stream failed')).map((l) => JSON.parse(l) as { source: string; batchId: string; err: { message: string } });
+      const messages = failures.map((f) => f.err.message);
+      expect(failures.length, messages.join('\n')).toBeGreaterThan(0);
+      expect(messages, messages.join('\n')).toEqual([...new Set(messages)]);
+      expect(failures.length, messages.join('\n')).toBeLessThanOrEqual(2);
+      expect(failures[0]).toMatchObject({ source: 'event-stream', batchId });
+    } finally {
+      await Promise.all(readers.map((reader) => reader.cancel().catch(() => {})));
+      await ownRedis.start();
+    }
+  });
+
   it('Redis stalled (connections open, no answers): requests answer 503 within seconds instead of hanging, the sync path still encrypts with a cached key, and all recovers', async () => {
     const { client, admin } = await stack({ KEY_CACHE_TTL_MS: '60000' });
     const encrypt = () =>
@@ -348,12 +384,12 @@ describe('faults', { timeout: 300_000 }, () => {
       }
       // Put right, and the connections made again: no more such lines.
       await redis.config('SET', 'maxmemory-policy', 'noeviction');
-      await redis.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      await redis.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
       await sleep(2_000);
       expect([evicting(api.lines).length, evicting(worker.lines).length]).toEqual([1, 1]);
       // Evicting again: the next reconnect says so.
       await redis.config('SET', 'maxmemory-policy', 'volatile-lru');
-      await redis.client('KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+      await redis.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
       for (let i = 0; i < 50 && evicting(api.lines).length < 2; i++) await sleep(100);
       expect(evicting(api.lines).at(-1)).toMatchObject({ maxmemoryPolicy: 'volatile-lru' });
     } finally {
