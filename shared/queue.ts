@@ -12,6 +12,11 @@ export interface ChunkQueueOptions {
 
 /** BullMQ job ids may not contain ':'; batch ids are base64url, so '.' separates safely. */
 export const chunkJobId = (batchId: string, chunk: number): string => `${batchId}.${chunk}`;
+/** A chunk job's batch and chunk, from its id (batch ids hold no dot); neither for another id. */
+export function parseChunkJobId(jobId: string): { batchId?: string; chunk?: number } {
+  const match = /^([A-Za-z0-9_-]+)\.(\d+)$/.exec(jobId);
+  return match ? { batchId: match[1]!, chunk: Number(match[2]) } : {};
+}
 
 export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts, errors }: ChunkQueueOptions): Queue<ChunkJobData> {
   const defaultJobOptions: JobsOptions = {

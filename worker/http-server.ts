@@ -14,6 +14,10 @@ export interface WorkerHttpOptions {
 /** The worker's 503 from /readyz: the API's for the same cause (code, message, Retry-After). */
 const NOT_READY = JSON.stringify({ error: { code: 'KF_REDIS_UNAVAILABLE', message: CATALOGUE.KF_REDIS_UNAVAILABLE.message } });
 
+const ROUTES: ReadonlySet<string> = new Set(['/metrics', '/healthz', '/readyz']);
+const NOT_FOUND = JSON.stringify({ error: { code: 'KF_NOT_FOUND', message: CATALOGUE.KF_NOT_FOUND.message } });
+const METHOD_NOT_ALLOWED = JSON.stringify({ error: { code: 'KF_METHOD_NOT_ALLOWED', message: CATALOGUE.KF_METHOD_NOT_ALLOWED.message } });
+
 /** A readiness check that has not answered by then is a 503, not a probe left hanging. */
 const READY_TIMEOUT_MS = 1_000;
 
@@ -24,7 +28,9 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
     const reply = (status: number, type: string, body: string, headers: Record<string, string> = {}): void => {
       res.writeHead(status, { 'content-type': type, ...headers }).end(body);
     };
-    if (req.method !== 'GET') return reply(405, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
+    // The API's answers for the same cases: 404 for a path it has not, 405 with Allow for a method its paths do not take.
+    if (!ROUTES.has(path ?? '')) return reply(404, 'application/json', NOT_FOUND);
+    if (req.method !== 'GET' && req.method !== 'HEAD') return reply(405, 'application/json', METHOD_NOT_ALLOWED, { allow: 'GET, HEAD' });
     if (path === '/metrics') {
       registry.metrics().then(
         (text) => reply(200, registry.contentType, text),
@@ -42,8 +48,6 @@ export async function startWorkerHttp({ host, port, registry, ready }: WorkerHtt
       };
       const timer = setTimeout(() => answer(false), READY_TIMEOUT_MS);
       ready().then(answer, () => answer(false));
-    } else {
-      reply(404, 'application/json', '{"error":{"code":"KF_NOT_FOUND","message":"no such route"}}');
     }
   });
   await new Promise<void>((ok, fail) => {

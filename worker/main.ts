@@ -27,8 +27,8 @@ await startProcess('keyfleet-worker', ['KEYFLEET_MASTER_KEY'], async (config, lo
     messages: {
       draining: 'draining: finishing chunks in hand',
       stopped: 'worker stopped',
-      deadline: 'drain not finished within WORKER_DRAIN_SECONDS (is Redis reachable?): exiting; the chunks in hand are retaken after JOB_LOCK_MS',
-      forced: 'second signal: exiting without finishing the chunks in hand (they are retaken after JOB_LOCK_MS)',
+      deadline: 'drain not finished within WORKER_DRAIN_SECONDS (is Redis reachable?): exiting; the chunks in hand are retaken within about 2 × JOB_LOCK_MS',
+      forced: 'second signal: exiting without finishing the chunks in hand (they are retaken within about 2 × JOB_LOCK_MS)',
     },
   });
 });

@@ -12,7 +12,7 @@ import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
-import { createWebhookQueue } from '../shared/queue.js';
+import { createWebhookQueue, parseChunkJobId } from '../shared/queue.js';
 import { ConnectionErrorLog, createRedis, RedisKeys, watchEvictionPolicy } from '../shared/redis.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
@@ -103,6 +103,12 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
     }
   });
   worker.on('error', (err) => errors.report('worker', err, 'worker error'));
+  // BullMQ's stalled-job check found a chunk whose lock lapsed (its worker died or hung) and put it
+  // back in the queue; this worker or another takes it from there.
+  worker.on('stalled', (jobId) => {
+    const { batchId, chunk } = parseChunkJobId(jobId);
+    logger.warn({ jobId, ...(batchId ? { batchId, chunk } : {}) }, 'chunk retaken: the worker that held it stopped renewing its lock (it died or hung); it runs again');
+  });
 
   taking = true;
   logger.info(

@@ -1,3 +1,4 @@
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '../helpers/client.js';
 import { testEnv } from '../helpers/env.js';
@@ -47,10 +48,18 @@ describe('worker fleet', { timeout: 300_000 }, () => {
     }, 60_000);
     await first.kill();
     expect(seenAtKill).toBeLessThan(300_000);
+    // The chunk it held, if it held one (it may have died between two): BullMQ's list of active jobs.
+    const redis = new Redis(env['REDIS_URL']!);
+    const held = await redis.llen(`${env['KEYFLEET_PREFIX']}:chunks:active`).finally(() => redis.quit());
+    expect(held).toBeLessThanOrEqual(1);
 
-    processes.push(await startWorker(env));
+    const replacement = await startWorker(env);
+    processes.push(replacement);
     const done = await client.waitForBatch(id);
     expect(done).toMatchObject({ status: 'completed', total: 300_000, processed: 300_000, succeeded: 300_000, failed: 0 });
+    // The dead worker's chunk, retaken once its lock lapsed, is logged by the worker that took it back.
+    const retaken = replacement.lines.filter((l) => l.includes('"msg":"chunk retaken')).map((l) => JSON.parse(l) as { level: number; batchId?: string });
+    expect(retaken, replacement.lines.join('\n')).toEqual(Array(held).fill(expect.objectContaining({ level: 40, batchId: id })));
 
     const lines = await client.results(id);
     expect(lines).toHaveLength(300_000);
