@@ -38,6 +38,31 @@ export interface ApiServices {
   close(): Promise<void>;
 }
 
+/** A batch just failed as an abandoned upload: counted, and its webhook (if it asked for one) sent. */
+export function announceAbandoned({ batches, metrics, webhooks }: Pick<ApiServices, 'batches' | 'metrics' | 'webhooks'>, id: string): void {
+  metrics.batches.inc({ event: 'failed' });
+  webhooks.deliver(batches, id);
+}
+
+/**
+ * Fails the uploads whose API died (or whose client stopped sending, with its API gone) as soon
+ * as their lease lapses, not when someone next reads the batch: until then each held its items
+ * in the backlog gauge (and so in autoscaling and the backlog alerts), a slot of the tenant's
+ * MAX_ACTIVE_BATCHES, and its failure webhook. Every `abandonSweepMs` (at most 10 s), over the
+ * tenants of KEYFLEET_TOKENS; every API sweeps, and each batch fails once.
+ */
+function sweepAbandonedUploads(batches: BatchStore, tenants: readonly string[], failed: (id: string) => void, errors: ConnectionErrorLog): { stop(): void } {
+  let running = false;
+  const timer = setInterval(() => {
+    if (running) return;
+    running = true;
+    void Promise.all(tenants.map(async (tenant) => (await batches.failAbandoned(tenant)).forEach(failed)))
+      .catch((err: Error) => errors.report('upload-sweep', err, 'abandoned-upload sweep failed'))
+      .finally(() => (running = false));
+  }, batches.abandonSweepMs).unref();
+  return { stop: () => clearInterval(timer) };
+}
+
 export function createApiServices(config: Config, logger: Logger): ApiServices {
   // Before any connection is opened: without a master key the API fails with nothing to close.
   const masterKey = requireMasterKey(config);
@@ -60,6 +85,8 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
   const keyChanges = new KeyChanges(createRedis(config, { role: 'subscriber', errors }), keys, keyCache, errors);
   const metrics = new ApiMetrics(registry);
   const keyPolicy = new KeyPolicy(keyCache, { limit: config.nonceLimit, rotateShare: config.nonceRotateShare }, metrics, logger, errors);
+  const tenants = [...new Set(config.tokens.map((entry) => entry.tenant))];
+  const sweep = sweepAbandonedUploads(batches, tenants, (id) => announceAbandoned({ batches, metrics, webhooks }, id), errors);
   return {
     redis,
     keyStore,
@@ -75,6 +102,7 @@ export function createApiServices(config: Config, logger: Logger): ApiServices {
     webhooks,
     connectionErrors: errors,
     async close() {
+      sweep.stop();
       keyChanges.close();
       await Promise.allSettled([queue.close(), events.close(), webhooks.close(), keyPolicy.close()]);
       await Promise.allSettled([redis.quit(), queueRedis.quit()]);

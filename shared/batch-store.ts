@@ -232,6 +232,21 @@ export class BatchStore {
     await this.#redis.pexpire(this.#keys.batchUpload(id), this.#leaseMs);
   }
 
+  /**
+   * Fails every abandoned upload among the tenant's queued and running batches (as
+   * failIfAbandoned); the ids it failed. Any number of APIs may sweep at once: each batch fails once.
+   */
+  async failAbandoned(tenant: string): Promise<string[]> {
+    const members = await this.#redis.smembers(this.#keys.tenantBatches(tenant));
+    const failed = await Promise.all(members.map(async (id) => ((await this.failIfAbandoned(id)) ? id : undefined)));
+    return failed.filter((id) => id !== undefined);
+  }
+
+  /** How often an abandoned upload is looked for (the API's sweep): as often as uploads renew their lease. */
+  get abandonSweepMs(): number {
+    return this.#keepAliveMs;
+  }
+
   /** Fails the batch as KF_UPLOAD_ABORTED if its upload was abandoned (unsealed, lease lapsed). */
   async failIfAbandoned(id: string): Promise<boolean> {
     return this.#fail(id, 'KF_UPLOAD_ABORTED', 'the upload stopped before it was complete (its connection or API process died); nothing of it was processed as complete', 'abandoned');

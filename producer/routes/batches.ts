@@ -17,6 +17,7 @@ import { readNdjsonItems } from '../ndjson-items.js';
 import { hasScope, principalOf, requireRewrapScope, requireScope } from '../plugins/auth.js';
 import { errorAnswers } from '../plugins/docs.js';
 import { reclaiming } from '../reclaim.js';
+import { announceAbandoned } from '../services.js';
 import { streamBatchEvents } from '../sse.js';
 
 const NDJSON = 'application/x-ndjson';
@@ -188,10 +189,9 @@ async function readableBatch(app: FastifyInstance, request: FastifyRequest, id: 
 
 /** The batch as it stands: an upload whose API died shows as failed, not as queued for ever. */
 async function settled(app: FastifyInstance, batch: BatchRecord): Promise<BatchRecord> {
-  const { batches, webhooks } = app.services;
+  const { batches } = app.services;
   if (batch.sealed || (batch.status !== 'queued' && batch.status !== 'running') || !(await batches.failIfAbandoned(batch.id))) return batch;
-  app.services.metrics.batches.inc({ event: 'failed' });
-  webhooks.deliver(batches, batch.id);
+  announceAbandoned(app.services, batch.id);
   return (await batches.get(batch.id)) ?? batch;
 }
 
