@@ -84,7 +84,13 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   // wrote stays, for --resume.
   const found = await stat(options.out).catch(() => undefined);
   // (Not a named pipe or a device: opening and closing one would end its reader's input.)
-  if (!found || !(found.isFIFO() || found.isCharacterDevice() || found.isSocket())) await (await open(options.out, 'a')).close();
+  if (!found || !(found.isFIFO() || found.isCharacterDevice() || found.isSocket())) {
+    const opened = await open(options.out, 'a').catch((err: NodeJS.ErrnoException) => {
+      const why = err.code === 'ENOENT' ? 'its directory does not exist' : err.code === 'EISDIR' ? 'it is a directory' : (err.code ?? err.message);
+      return Promise.reject(new Error(`cannot write --out ${options.out} (${why})`, { cause: err }));
+    });
+    await opened.close();
+  }
   const dropIfEmpty = (): void => {
     try {
       if (statSync(options.out).size === 0) unlinkSync(options.out);
