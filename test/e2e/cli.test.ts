@@ -36,6 +36,17 @@ const keyfleet = (args: string[], extraEnv: Record<string, string> = {}, started
 
 const path = (name: string) => join(dir, name);
 
+/** `watch` a CLI run (runCli's `started`); `said` resolves once its stderr holds `text`. */
+function stderrSays(text: string): { watch: (child: ChildProcess) => void; said: Promise<void> } {
+  let resolve: () => void = () => {};
+  const said = new Promise<void>((done) => (resolve = done));
+  const watch = (child: ChildProcess): void => {
+    let seen = '';
+    child.stderr!.on('data', (d) => (seen += d) && seen.includes(text) && resolve());
+  };
+  return { watch, said };
+}
+
 describe('the keyfleet CLI', () => {
   it('answers --help for itself and every command, and says what is missing', async () => {
     for (const args of [['--help'], ['encrypt', '--help'], ['keys', '--help'], ['batch', 'results', '--help']]) {
@@ -234,13 +245,9 @@ describe('the keyfleet CLI', () => {
       writeFileSync(path('budget.txt'), serials.join('\n') + '\n');
       // The worker starts once the upload is accepted (whole): a chunk refused while the upload
       // still arrived would fail the upload instead.
-      let accepted: () => void = () => {};
-      const upload = new Promise<void>((resolve) => (accepted = resolve));
-      const encrypting = run(['encrypt', '--key', 'budget', '--in', 'budget.txt', '--out', 'budget.enc'], (child) => {
-        let seen = '';
-        child.stderr!.on('data', (d) => (seen += d) && seen.includes(' accepted, ') && accepted());
-      });
-      await Promise.race([upload, encrypting]);
+      const accepted = stderrSays(' accepted, ');
+      const encrypting = run(['encrypt', '--key', 'budget', '--in', 'budget.txt', '--out', 'budget.enc'], accepted.watch);
+      await Promise.race([accepted.said, encrypting]);
       budgetWorker = await startWorker(own.env);
       const { code, stderr } = await encrypting;
       expect(code, stderr).toBe(1);
@@ -271,13 +278,9 @@ describe('the keyfleet CLI', () => {
       const run = (args: string[], started?: (child: ChildProcess) => void) => runCli(args, { cwd: dir, env: { KEYFLEET_URL: idleApi.url, KEYFLEET_TOKEN: own.admin.token, KEYFLEET_TIMEOUT: '2' }, ...(started ? { started } : {}) });
       expect((await run(['keys', 'create', 'waiting'])).code).toBe(0);
       writeFileSync(path('waiting.txt'), Array.from({ length: 2_000 }, (_, i) => `WAIT-${i}`).join('\n') + '\n');
-      let told: () => void = () => {};
-      const stalled = new Promise<void>((resolve) => (told = resolve));
-      const encrypting = run(['encrypt', '--key', 'waiting', '--in', 'waiting.txt', '--out', 'waiting.enc'], (child) => {
-        let seen = '';
-        child.stderr!.on('data', (d) => (seen += d) && seen.includes('(is one running?)') && told());
-      });
-      await Promise.race([stalled, encrypting]);
+      const stalled = stderrSays('(is one running?)');
+      const encrypting = run(['encrypt', '--key', 'waiting', '--in', 'waiting.txt', '--out', 'waiting.enc'], stalled.watch);
+      await Promise.race([stalled.said, encrypting]);
       // Still waiting, not failed, while no worker runs: the batch is only queued.
       expect(await Promise.race([encrypting.then(() => 'ended'), new Promise((r) => setTimeout(() => r('waiting'), 2_500))])).toBe('waiting');
       lateWorker = await startWorker(own.env);
