@@ -85,10 +85,7 @@ export async function runBulk(client: KeyfleetClient, options: BulkOptions): Pro
   const found = await stat(options.out).catch(() => undefined);
   // (Not a named pipe or a device: opening and closing one would end its reader's input.)
   if (!found || !(found.isFIFO() || found.isCharacterDevice() || found.isSocket())) {
-    const opened = await open(options.out, 'a').catch((err: NodeJS.ErrnoException) => {
-      const why = err.code === 'ENOENT' ? 'its directory does not exist' : err.code === 'EISDIR' ? 'it is a directory' : (err.code ?? err.message);
-      return Promise.reject(new Error(`cannot write --out ${options.out} (${why})`, { cause: err }));
-    });
+    const opened = await open(options.out, 'a').catch((err: unknown) => Promise.reject(cannotWrite(`--out ${options.out}`, err, OPEN_REASONS)));
     await opened.close();
   }
   const dropIfEmpty = (): void => {
@@ -406,6 +403,15 @@ export function resumeWith(options: Pick<BulkOptions, 'ndjson' | 'in'>, batchId:
 
 /** `word` as one shell word: as it is when that is safe, else in single quotes. */
 const shellWord = (word: string): string => (/^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", `'\\''`)}'`);
+
+/** `cannot write <what> (<why>)`: why from `reasons` by the error's code, else the code itself. */
+export function cannotWrite(what: string, err: unknown, reasons: Readonly<Record<string, string>> = {}): Error {
+  const { code, message } = err as NodeJS.ErrnoException;
+  return new Error(`cannot write ${what} (${(code && reasons[code]) ?? code ?? message})`, { cause: err });
+}
+
+/** Why an output cannot be opened, in words, for the codes a mistyped path gives. */
+const OPEN_REASONS = { ENOENT: 'its directory does not exist', EISDIR: 'it is a directory' } as const;
 
 /** The output file cannot be written (ENOSPC, EIO, EFBIG…): the run fails, naming the file and why. */
 export class OutputError extends Error {

@@ -8,7 +8,7 @@ import { projectVersion } from '../shared/project-root.js';
 import { MAX_TIMER_MS } from '../shared/timers.js';
 import { CREATABLE_KEY_TYPES, type KeyType } from '../shared/crypto/key-ring.js';
 import type { BatchOp } from '../shared/schemas.js';
-import { rerunWith, resumeWith, runBulk } from './bulk.js';
+import { cannotWrite, rerunWith, resumeWith, runBulk } from './bulk.js';
 import { Progress } from './progress.js';
 import { KeyfleetClient } from './client.js';
 import { KeyfleetApiError } from './errors.js';
@@ -209,8 +209,6 @@ async function openOutput(path: string): Promise<{ stream: WriteStream; handle: 
   stream.on('error', () => {});
   return { stream, handle };
 }
-
-const cannotWrite = (path: string, err: unknown): Error => new Error(`cannot write ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`, { cause: err });
 
 // An empty or blank variable counts as unset, as the service reads its own (`VAR=` in an env
 // file, compose's `${VAR:-}`): commander would read KEYFLEET_TIMEOUT= as a value, and refuse it.
