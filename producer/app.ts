@@ -6,9 +6,10 @@ import { z } from 'zod';
 import { ConfigError, REQUIRED, type Config } from '../shared/config.js';
 import { KeyfleetError } from '../shared/errors.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
+import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { createLogger, type Logger } from '../shared/logger.js';
 import { projectVersion } from '../shared/project-root.js';
-import { TokenVerifier } from '../shared/tokens.js';
+import { matchDigest, TokenVerifier } from '../shared/tokens.js';
 import { BodyBudget } from './body-budget.js';
 import { refuseCompressedBodies } from './body-coding.js';
 import { watchBodies } from './body-timeout.js';
@@ -115,8 +116,8 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   if (config.tokens.length === 0) {
     throw new ConfigError(`invalid configuration:\n  KEYFLEET_TOKENS: ${REQUIRED.KEYFLEET_TOKENS}`);
   }
-  const verifier = new TokenVerifier(config.tokens);
   const kernel = resolveKernel(config.kernel); // fails fast when `native` was asked and is not built
+  const verifier = new TokenVerifier(config.tokens, kernel === 'native' ? nativeKernel!.tokenIndex : matchDigest);
   const app = Fastify({
     loggerInstance: (logger ?? createLogger({ level: config.logLevel, name: 'keyfleet-api' })) as FastifyBaseLogger,
     childLoggerFactory: lazyRequestLoggers,

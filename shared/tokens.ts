@@ -67,30 +67,47 @@ export function parseTokens(spec: string): TokenEntry[] {
   });
 }
 
+/**
+ * Finds a token among SHA-256 digests laid end to end: the index of the first that is the
+ * token's, or -1. Every digest is compared in full, matched or not.
+ */
+export type DigestMatcher = (token: string, digests: Uint8Array) => number;
+
+const DIGEST_BYTES = 32;
+
 // One-shot hash: no Hash object per request.
 const digest = (token: string): Buffer => hash('sha256', token, 'buffer');
 
+/** node:crypto's matcher; the API uses the native kernel's tokenIndex where it is built (a quarter of the cost). */
+export const matchDigest: DigestMatcher = (token, digests) => {
+  const presented = digest(token);
+  let found = -1;
+  for (let i = 0; i < digests.length / DIGEST_BYTES; i++) {
+    if (timingSafeEqual(digests.subarray(i * DIGEST_BYTES, (i + 1) * DIGEST_BYTES), presented) && found < 0) found = i;
+  }
+  return found;
+};
+
 /**
- * Resolves bearer tokens to principals. Tokens are compared as SHA-256 digests with
- * timingSafeEqual against every entry, so neither the match position nor the length leaks.
+ * Resolves bearer tokens to principals. Tokens are compared as SHA-256 digests, in constant
+ * time against every entry, so neither the match position nor the length leaks.
  */
 export class TokenVerifier {
-  readonly #entries: ReadonlyArray<{ digest: Buffer; principal: Principal }>;
+  readonly #digests: Uint8Array;
+  readonly #principals: readonly Principal[];
+  readonly #match: DigestMatcher;
 
-  constructor(entries: readonly TokenEntry[]) {
-    this.#entries = entries.map((e) => ({ digest: digest(e.token), principal: { tenant: e.tenant, scopes: e.scopes } }));
+  constructor(entries: readonly TokenEntry[], match: DigestMatcher = matchDigest) {
+    this.#digests = Buffer.concat(entries.map((e) => digest(e.token)));
+    this.#principals = entries.map((e) => ({ tenant: e.tenant, scopes: e.scopes }));
+    this.#match = match;
   }
 
   get size(): number {
-    return this.#entries.length;
+    return this.#principals.length;
   }
 
   verify(token: string): Principal | undefined {
-    const presented = digest(token);
-    let found: Principal | undefined;
-    for (const entry of this.#entries) {
-      if (timingSafeEqual(entry.digest, presented) && !found) found = entry.principal;
-    }
-    return found;
+    return this.#principals[this.#match(token, this.#digests)];
   }
 }

@@ -18,6 +18,8 @@ interface NativeAddon extends NativeFormatter {
   packLines(src: Uint8Array, out: Uint8Array, state: Uint32Array): void;
   /** Linux's SCHED_IDLE policy for a thread (0: the calling one); 0, or the errno. */
   setIdleScheduling(thread: number): number;
+  /** shared/tokens.ts's DigestMatcher, with SHA-256 fetched from OpenSSL once rather than per call. */
+  tokenIndex(token: string, digests: Uint8Array): number;
 }
 
 /** A call's scalars, [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion], and the key versions. */

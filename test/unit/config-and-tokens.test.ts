@@ -1,11 +1,11 @@
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { hash, randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { loadConfig, shownRedisUrl } from '../../shared/config.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { MasterKey } from '../../shared/master-key.js';
-import { parseTokens, TokenVerifier } from '../../shared/tokens.js';
+import { matchDigest, parseTokens, TokenVerifier, type DigestMatcher } from '../../shared/tokens.js';
 
 const masterKey = randomBytes(32).toString('base64');
 
@@ -212,10 +212,33 @@ describe('tokens', () => {
     expect(parseTokens(`acme:${token},globex:${token}x`)).toHaveLength(2);
   });
 
-  it('verifies the right token only', () => {
-    const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb'));
-    expect(verifier.verify('bbbbbbbbbbbbbbbb')?.tenant).toBe('globex');
-    for (const wrong of ['', 'aaaaaaaaaaaaaaa', 'aaaaaaaaaaaaaaaaa', 'AAAAAAAAAAAAAAAA']) expect(verifier.verify(wrong)).toBeUndefined();
+  const matchers: Array<[string, DigestMatcher]> = [['node:crypto', matchDigest], ['the native kernel', (token, digests) => nativeKernel!.tokenIndex(token, digests)]];
+
+  it.each(matchers)('verifies the right token only (digests matched by %s)', (_, match) => {
+    const verifier = new TokenVerifier(parseTokens('acme:aaaaaaaaaaaaaaaa,globex:bbbbbbbbbbbbbbbb:encrypt'), match);
+    expect(verifier.verify('aaaaaaaaaaaaaaaa')?.tenant).toBe('acme');
+    expect(verifier.verify('bbbbbbbbbbbbbbbb')).toEqual({ tenant: 'globex', scopes: new Set(['encrypt']) });
+    for (const wrong of ['', 'aaaaaaaaaaaaaaa', 'aaaaaaaaaaaaaaaaa', 'AAAAAAAAAAAAAAAA', 'bbbbbbbbbbbbbbbb ']) expect(verifier.verify(wrong)).toBeUndefined();
+  });
+
+  it('finds the same entry with the native kernel as with node:crypto, whatever is presented', () => {
+    // Presented tokens arrive through HTTP Basic too, so any string: non-ASCII, lone surrogates
+    // (both encode them as U+FFFD), the longest the kernel reads (1,022 bytes) and longer.
+    const presented = ['', 'x', 'é', '\ud800', 'a\ud83d\ude00b', '\ufffd', 'x'.repeat(1022), 'é'.repeat(511), ...Array.from({ length: 50 }, () => randomBytes(24).toString('base64'))];
+    const table = [...presented.filter((_, i) => i % 2 === 0), '\udfff'];
+    const digests = Buffer.concat(table.map((t) => hash('sha256', t, 'buffer')));
+    for (const token of [...presented, ...table, 'x'.repeat(1021)]) {
+      expect(nativeKernel!.tokenIndex(token, digests), JSON.stringify(token.slice(0, 20))).toBe(matchDigest(token, digests));
+    }
+    // A lone surrogate is U+FFFD to both, whichever one it is.
+    for (const token of ['\ud800', '\ufffd']) expect(nativeKernel!.tokenIndex(token, digests)).toBe(table.length - 1);
+    // Longer than any token KEYFLEET_TOKENS takes (512 characters): never found, and not cut short to be compared.
+    const long = 'y'.repeat(1023);
+    expect(matchDigest(long, hash('sha256', long, 'buffer'))).toBe(0);
+    expect(nativeKernel!.tokenIndex(long, hash('sha256', long, 'buffer'))).toBe(-1);
+    expect(nativeKernel!.tokenIndex('y'.repeat(5000), hash('sha256', 'y'.repeat(1023), 'buffer'))).toBe(-1);
+    expect(() => nativeKernel!.tokenIndex(42 as unknown as string, digests)).toThrow(/tokenIndex\(token, digests\)/);
+    expect(() => nativeKernel!.tokenIndex('x', digests.subarray(0, 31))).toThrow(/32-byte digests/);
   });
 });
 
