@@ -5,6 +5,7 @@ import { resultFormatter, runChunkInto, type KernelChoice, type KernelOutput } f
 import { KeyRing } from '../shared/crypto/key-ring.js';
 import { nativeKernel } from '../shared/crypto/native-kernel.js';
 import { NonceSource } from '../shared/crypto/nonces.js';
+import { runSync } from '../producer/sync-crypto.js';
 import { resultLines } from '../shared/result-codec.js';
 import { makeItems, naiveEncrypt, timeMs } from './naive.js';
 import type { Row } from './report.js';
@@ -112,9 +113,32 @@ export function kernelBench(n: number, limitSeconds: number): Row[] {
       rows.push({ section: 'kernel', name: `${kernel === 'js' ? 'node:crypto/libsodium' : kernel} kernel, ${op}, ${keys.type}`, value: rate, unit: 'items/s/core', reference: naiveRate, ratio: rate / naiveRate });
     }
   }
+  if (nativeKernel) {
+    // Each item under another version in both, so both change keys as often: what differs is the key's size.
+    const [ten, year] = [10, 366].map((versions) => syncDecryptMicros(versions, 100_000));
+    rows.push({ section: 'kernel', name: 'native kernel, a 10-item sync decrypt, each item under another version, of a key of 366 versions (a year of daily rotation) vs of 10', value: year!, unit: 'µs/call', reference: ten!, ratio: year! / ten! });
+  }
   const limit = nativeEncrypt === undefined ? undefined : opensslSealsPerSecond(limitSeconds);
   if (nativeEncrypt !== undefined && limit !== undefined) {
     rows.push({ section: 'kernel', name: 'native kernel, encrypt, aes256-gcm96, vs the OpenSSL limit (openssl speed -aead -evp aes-256-gcm -bytes 32)', value: nativeEncrypt, unit: 'items/s/core', reference: limit, ratio: nativeEncrypt / limit });
   }
   return rows;
+}
+
+/** µs per call of the sync path's crypto (producer/sync-crypto.ts): 10 items to decrypt, sealed under versions spread over a key of `versions`. */
+function syncDecryptMicros(versions: number, calls: number): number {
+  const ring = new KeyRing({
+    name: 'bench', type: 'aes256-gcm96', latestVersion: versions, minDecryptionVersion: 1,
+    versions: Array.from({ length: versions }, (_, i) => ({ version: i + 1, material: randomBytes(32) })),
+  });
+  const items = makeItems(10, 'versions').map((item, i) => {
+    const { body } = runSync({ op: 'encrypt', items: [item], encoding: 'utf8', maxItemBytes: 4096 }, ring.pinned(1 + Math.floor((i * (versions - 1)) / 9)), 'native');
+    return (JSON.parse(body) as { results: Array<{ ciphertext: string }> }).results[0]!.ciphertext;
+  });
+  const request = { op: 'decrypt', items, encoding: 'utf8', maxItemBytes: 4096 } as const;
+  if (runSync(request, ring, 'native').failed !== 0) throw new Error(`bench: a 10-item sync decrypt under a key of ${versions} versions failed items`);
+  for (let i = 0; i < 1000; i++) runSync(request, ring, 'native'); // warm up
+  return (timeMs(() => {
+    for (let i = 0; i < calls; i++) runSync(request, ring, 'native');
+  }) * 1000) / calls;
 }

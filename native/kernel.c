@@ -26,7 +26,6 @@
 #define NONCE 12
 #define TAG 16
 #define KEY 32
-#define MAX_VERSIONS 4096
 
 enum { OP_ENCRYPT = 0, OP_DECRYPT = 1, OP_REWRAP = 2 };
 enum { ITEM_OK = 0, ITEM_NOT_STRING = 1, ITEM_TOO_LARGE = 2 };
@@ -217,17 +216,38 @@ typedef struct {
   int json;
   uint32_t max_item;
   uint32_t latest, min_dec;
-  version_t *versions;
-  size_t nversions;
+  // The key versions as shared/crypto/key-ring.ts packs them: [u32 count][u32 stride], then per
+  // version, in rising order, [u32 version][u32 aad length][32-byte key][aad], `stride` bytes apart.
+  const uint8_t *versions;
+  size_t nversions, stride;
+  version_t latest_v;
   EVP_CIPHER_CTX *enc, *dec;
   uint8_t *scratch;           // decoded ciphertext, then plaintext
   uint32_t succeeded, failed;
   int newer;
 } job_t;
 
-static const version_t *find_version(job_t *j, uint32_t v) {
-  for (size_t i = 0; i < j->nversions; i++) if (j->versions[i].version == v) return &j->versions[i];
-  return NULL;
+static inline uint32_t get_u32le(const uint8_t *p) {
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// A version by binary search, read in place: a call costs the same whatever the number of
+// versions (a key rotated daily has hundreds), where reading each from a JavaScript object cost
+// ~0.3 µs. 0 where it is absent, or its entry does not hold its associated data.
+static int find_version(const job_t *j, uint32_t v, version_t *out) {
+  size_t lo = 0, hi = j->nversions;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const uint8_t *e = j->versions + 8 + mid * j->stride;
+    uint32_t found = get_u32le(e);
+    if (found < v) { lo = mid + 1; continue; }
+    if (found > v) { hi = mid; continue; }
+    uint32_t aad_len = get_u32le(e + 4);
+    if (aad_len > j->stride - 8 - KEY) return 0;
+    *out = (version_t){found, e + 8, e + 8 + KEY, aad_len};
+    return 1;
+  }
+  return 0;
 }
 
 // Result record kinds, as in shared/result-codec.ts.
@@ -283,8 +303,7 @@ static void put_plaintext(job_t *j, out_t *o, const uint8_t *pt, size_t n) {
 
 // Seals under the latest version into buf as nonce ‖ ciphertext ‖ tag; returns its length, or 0.
 static size_t seal(job_t *j, const uint8_t *pt, size_t n, uint8_t *buf) {
-  const version_t *v = find_version(j, j->latest);
-  if (!v) return 0;
+  const version_t *v = &j->latest_v;
   const uint8_t *nonce = next_nonce();
   int len = 0;
   if (!nonce) return 0;
@@ -311,8 +330,9 @@ static long open_item(job_t *j, const uint8_t *s, size_t n) {
   if (sealed < 0) return -1 - E_DECRYPT_FAILED;
   if (version > j->latest) { j->newer = 1; return -1 - E_DECRYPT_FAILED; }
   if (version < j->min_dec) return -1 - E_VERSION_DISABLED;
-  const version_t *v = find_version(j, (uint32_t)version);
-  if (!v || sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
+  version_t found;
+  if (!find_version(j, (uint32_t)version, &found) || sealed < NONCE + TAG) return -1 - E_DECRYPT_FAILED;
+  const version_t *v = &found;
   size_t ct = (size_t)sealed - NONCE - TAG;
   int len = 0;
   if (!tl_dec_ready) {
@@ -343,11 +363,6 @@ static napi_value throw_msg(napi_env env, const char *msg) {
   return NULL;
 }
 
-static int get_u32(napi_env env, napi_value obj, const char *name, uint32_t *out) {
-  napi_value v;
-  return napi_get_named_property(env, obj, name, &v) == napi_ok && napi_get_value_uint32(env, v, out) == napi_ok;
-}
-
 // A typed array of the given element type; its data and its length in elements.
 static int typed(napi_env env, napi_value v, napi_typedarray_type want, void **data, size_t *len) {
   bool is;
@@ -373,11 +388,6 @@ static int buffers_and_state(napi_env env, napi_callback_info info, uint8_t **in
   napi_value argv[3];
   return napi_get_cb_info(env, info, &argc, argv, NULL, NULL) == napi_ok && argc == 3 && typed_u8(env, argv[0], in, in_len) &&
          typed_u8(env, argv[1], out, out_len) && typed_u32(env, argv[2], state_len, state);
-}
-
-static int get_buffer(napi_env env, napi_value obj, const char *name, uint8_t **data, size_t *len) {
-  napi_value v;
-  return napi_get_named_property(env, obj, name, &v) == napi_ok && typed_u8(env, v, data, len);
 }
 
 // setErrors([json of KF_INVALID_ITEM, KF_ITEM_TOO_LARGE, KF_DECRYPT_FAILED, KF_KEY_VERSION_DISABLED, KF_NOT_UTF8, KF_INVALID_ENCODING])
@@ -411,7 +421,7 @@ static napi_value set_errors(napi_env env, napi_callback_info info) {
 
 // run(params, versions, input, output) → [bytesWritten, count, succeeded, failed, newerVersionSeen]
 // params: Uint32Array [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion]
-// versions: [{ version, key: Uint8Array(32), aad: Uint8Array }]
+// versions: Uint8Array, the key's versions packed (job_t.versions)
 static napi_value run(napi_env env, napi_callback_info info) {
   size_t argc = 4;
   napi_value argv[4];
@@ -429,44 +439,28 @@ static napi_value run(napi_env env, napi_callback_info info) {
   if (op > OP_REWRAP) return throw_msg(env, "run: unknown op");
   j.op = (int)op; j.base64_out = (int)b64; j.base64_in = (int)b64in; j.json = (int)json; j.max_item = maxItem; j.latest = latest; j.min_dec = minDec;
 
-  napi_value versions = argv[1];
-  uint32_t nv;
-  CHECK(napi_get_array_length(env, versions, &nv));
-  if (nv == 0 || nv > MAX_VERSIONS) return throw_msg(env, "run: versions must hold 1..4096 entries");
-  version_t vs[MAX_VERSIONS > 64 ? 64 : MAX_VERSIONS];
-  version_t *vp = nv <= 64 ? vs : malloc(sizeof(version_t) * nv);
-  if (!vp) return throw_msg(env, "out of memory");
-  for (uint32_t i = 0; i < nv; i++) {
-    napi_value e;
-    uint8_t *key, *aad;
-    size_t klen, alen;
-    CHECK(napi_get_element(env, versions, i, &e));
-    if (!get_u32(env, e, "version", &vp[i].version) || !get_buffer(env, e, "key", &key, &klen) || klen != KEY || !get_buffer(env, e, "aad", &aad, &alen)) {
-      if (vp != vs) free(vp);
-      return throw_msg(env, "run: each version needs { version, key: 32 bytes, aad: bytes }");
-    }
-    vp[i].key = key; vp[i].aad = aad; vp[i].aad_len = alen;
-  }
-  j.versions = vp;
-  j.nversions = nv;
+  uint8_t *versions;
+  size_t versions_len;
+  if (!typed_u8(env, argv[1], &versions, &versions_len) || versions_len < 8)
+    return throw_msg(env, "run: versions must be a Uint8Array of packed key versions (packVersions)");
+  j.versions = versions;
+  j.nversions = get_u32le(versions);
+  j.stride = get_u32le(versions + 4);
+  if (j.nversions == 0 || j.stride < 8 + KEY || j.nversions > (versions_len - 8) / j.stride || versions_len - 8 != j.nversions * j.stride)
+    return throw_msg(env, "run: versions must hold [count][stride] and count entries of stride bytes, each at least 40");
+  if (!find_version(&j, j.latest, &j.latest_v)) return throw_msg(env, "run: versions must hold the latest version");
 
   uint8_t *in, *outp;
   size_t in_len, out_len;
-  if (!typed_u8(env, argv[2], &in, &in_len)) {
-    if (vp != vs) free(vp);
-    return throw_msg(env, "run: input must be a Uint8Array");
-  }
-  if (!typed_u8(env, argv[3], &outp, &out_len)) {
-    if (vp != vs) free(vp);
-    return throw_msg(env, "run: output must be a Uint8Array");
-  }
+  if (!typed_u8(env, argv[2], &in, &in_len)) return throw_msg(env, "run: input must be a Uint8Array");
+  if (!typed_u8(env, argv[3], &outp, &out_len)) return throw_msg(env, "run: output must be a Uint8Array");
 
   // First pass: validate the framing, count items and the largest one.
   size_t count = 0, largest = 0, at = 0;
   while (at < in_len) {
-    if (at + 5 > in_len) { if (vp != vs) free(vp); return throw_msg(env, "corrupt chunk: header truncated"); }
+    if (at + 5 > in_len) return throw_msg(env, "corrupt chunk: header truncated");
     uint32_t len = (uint32_t)in[at + 1] | ((uint32_t)in[at + 2] << 8) | ((uint32_t)in[at + 3] << 16) | ((uint32_t)in[at + 4] << 24);
-    if (len > in_len - at - 5) { if (vp != vs) free(vp); return throw_msg(env, "corrupt chunk: item truncated"); }
+    if (len > in_len - at - 5) return throw_msg(env, "corrupt chunk: item truncated");
     if (len > largest) largest = len;
     at += 5 + (size_t)len;
     count++;
@@ -483,8 +477,8 @@ static napi_value run(napi_env env, napi_callback_info info) {
   uint8_t *area = scratch_of(scratch_len + seal_len);
   j.scratch = area;
   uint8_t *sealbuf = area ? area + scratch_len : NULL;
-  const version_t *latest_v = find_version(&j, j.latest);
-  int ok = gcm && j.enc && j.dec && area && latest_v;
+  const version_t *latest_v = &j.latest_v;
+  int ok = gcm && j.enc && j.dec && area;
   if (ok && !tl_enc_ready) {
     ok = EVP_EncryptInit_ex(j.enc, gcm, NULL, NULL, NULL) && EVP_CIPHER_CTX_ctrl(j.enc, EVP_CTRL_GCM_SET_IVLEN, NONCE, NULL);
     tl_enc_ready = ok;
@@ -532,7 +526,6 @@ static napi_value run(napi_env env, napi_callback_info info) {
 
   // Plaintexts passed through the scratch area: wipe what this call used.
   if (area) OPENSSL_cleanse(area, scratch_len + seal_len);
-  if (vp != vs) free(vp);
   if (!ok) return throw_msg(env, "keyfleet kernel: OpenSSL failure");
   if (o.overflow) return throw_msg(env, "keyfleet kernel: output buffer too small");
 

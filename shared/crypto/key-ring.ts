@@ -60,6 +60,30 @@ export interface NativeVersionEntry {
   readonly aad: Uint8Array;
 }
 
+/**
+ * Versions as the native kernel reads them, in one buffer: [u32 count][u32 stride], then per
+ * version, in rising order, [u32 version][u32 aad length][32-byte key][aad], `stride` bytes
+ * apart (little-endian). The kernel finds a version by binary search, in place: a key's number
+ * of versions costs a call nothing (read from objects, each cost ~0.3 µs, and a sync request
+ * on a key rotated daily for a year over 100 µs).
+ */
+export function packVersions(entries: readonly NativeVersionEntry[]): Uint8Array {
+  const sorted = [...entries].sort((a, b) => a.version - b.version);
+  const stride = 8 + 32 + Math.max(0, ...sorted.map((e) => e.aad.length));
+  const packed = Buffer.alloc(8 + sorted.length * stride);
+  packed.writeUInt32LE(sorted.length, 0);
+  packed.writeUInt32LE(stride, 4);
+  sorted.forEach(({ version, key, aad }, i) => {
+    if (key.length !== 32 || (i > 0 && version === sorted[i - 1]!.version)) throw new RangeError(`version ${version}: a key of 32 bytes, and one entry per version`);
+    const at = 8 + i * stride;
+    packed.writeUInt32LE(version, at);
+    packed.writeUInt32LE(aad.length, at + 4);
+    packed.set(key, at + 8);
+    packed.set(aad, at + 40);
+  });
+  return packed;
+}
+
 /** The unwrapped versions of one key, ready for the crypto loop. Never serialised to a client. */
 export class KeyRing {
   readonly name: string;
@@ -71,7 +95,7 @@ export class KeyRing {
   readonly incarnation: string;
   readonly #data: KeyRingData;
   readonly #versions = new Map<number, VersionEntry>();
-  #native: readonly NativeVersionEntry[] | undefined;
+  #native: Uint8Array | undefined;
 
   constructor(data: KeyRingData) {
     this.#data = data;
@@ -117,9 +141,9 @@ export class KeyRing {
     return this.type === 'aes256-gcm96' && !this.convergent;
   }
 
-  /** The versions as the native kernel takes them (made on first use: most rings never meet it). */
-  nativeVersions(): readonly NativeVersionEntry[] {
-    return (this.#native ??= [...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad })));
+  /** The versions as the native kernel takes them, packed (made on first use: most rings never meet it). */
+  nativeVersions(): Uint8Array {
+    return (this.#native ??= packVersions([...this.#versions.values()].map((v) => ({ version: v.version, key: v.material, aad: v.aad }))));
   }
 
   toData(): KeyRingData {

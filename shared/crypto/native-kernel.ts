@@ -1,14 +1,12 @@
 import { createRequire } from 'node:module';
 import { projectRoot } from '../project-root.js';
 import { RESULT_ERROR_JSON, type NativeFormatter } from '../result-codec.js';
-import type { NativeVersionEntry as NativeVersion } from './key-ring.js';
-
-export type { NativeVersionEntry as NativeVersion } from './key-ring.js';
 
 /** The addon in native/kernel.c: one call per chunk over OpenSSL EVP. */
 interface NativeAddon extends NativeFormatter {
   setErrors(errors: string[]): void;
-  run(params: Uint32Array, versions: readonly NativeVersion[], input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
+  /** `versions`: the key's versions as packVersions (key-ring.ts) lays them out. */
+  run(params: Uint32Array, versions: Uint8Array, input: Uint8Array, output: Uint8Array): [written: number, count: number, succeeded: number, failed: number, newerVersionSeen: boolean];
   /**
    * Packs the plain-string lines of an NDJSON piece as chunk items (the fast path of
    * producer/ndjson-items.ts). `state` is [start, end, outAt, maxItems, maxItemBytes] in and
@@ -25,7 +23,8 @@ interface NativeAddon extends NativeFormatter {
 /** A call's scalars, [op, base64Out, base64In, json, maxItemBytes, latest, minDecryptionVersion], and the key versions. */
 export interface NativeJob {
   readonly params: Uint32Array;
-  readonly versions: readonly NativeVersion[];
+  /** Packed: key-ring.ts's packVersions. */
+  readonly versions: Uint8Array;
 }
 
 function load(): { addon?: NativeAddon; reason?: string } {

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { ChunkPacker, ITEM_NOT_STRING, ITEM_TOO_LARGE } from '../../shared/chunk-codec.js';
 import type { ChunkJob } from '../../shared/crypto/chunk-kernel.js';
 import { resultFormatter, runChunkInto, type KernelChoice } from '../../shared/crypto/kernel.js';
-import { KeyRing } from '../../shared/crypto/key-ring.js';
+import { KeyRing, packVersions } from '../../shared/crypto/key-ring.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { NonceSource } from '../../shared/crypto/nonces.js';
 import { projectRoot } from '../../shared/project-root.js';
@@ -158,6 +158,52 @@ describe('the native kernel', () => {
       }
     }
   });
+  it('opens every version of a key rotated hundreds of times, given in any order, as the js kernel does', () => {
+    const material = Array.from({ length: 300 }, () => randomBytes(32));
+    // Versions 1..300 but 150, handed over shuffled: the kernel's lookup must not depend on the order.
+    const versions = material.map((m, i) => ({ version: i + 1, material: m })).filter((v) => v.version !== 150).sort(() => Math.random() - 0.5);
+    const many = new KeyRing({ name: 'rotated', type: 'aes256-gcm96', latestVersion: 300, minDecryptionVersion: 1, versions });
+    const job = { op: 'encrypt', encoding: 'utf8', maxItemBytes: 1024 } as const;
+    // One item sealed under each version (a ring pinned to it), by either kernel.
+    const cts = [1, 2, 149, 151, 299, 300].flatMap((v) =>
+      (['js', 'native'] as const).map((kernel) => JSON.parse(format(runChunkInto(job, pack([`v${v}`]), many.pinned(v), 0, kernel, nonces).buffer, kernel).toString()).ciphertext as string),
+    );
+    const missing = cts[0]!.replace('kf:v1:', 'kf:v150:');
+    for (const kernel of ['js', 'native'] as const) {
+      const out = runChunkInto({ ...job, op: 'decrypt' }, pack([...cts, missing]), many, 0, kernel, nonces);
+      const lines = format(out.buffer, kernel).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+      expect(lines.map((l) => l.plaintext ?? l.error.code)).toEqual([...['v1', 'v2', 'v149', 'v151', 'v299', 'v300'].flatMap((p) => [p, p]), 'KF_DECRYPT_FAILED']);
+    }
+  });
+
+  it('refuses key versions it cannot read with a clear error, and reads none past the buffer', () => {
+    const params = new Uint32Array([1, 0, 0, 0, 1024, 2, 1]); // decrypt, records, latest 2
+    const two = new KeyRing({ name: 'k', type: 'aes256-gcm96', latestVersion: 2, minDecryptionVersion: 1, versions: [1, 2].map((version) => ({ version, material: randomBytes(32) })) });
+    const sealed = runChunkInto({ op: 'encrypt', encoding: 'utf8', maxItemBytes: 1024 }, pack(['under v1']), two.pinned(1), 0, 'native', nonces);
+    const input = pack([JSON.parse(format(sealed.buffer, 'native').toString()).ciphertext]);
+    const out = Buffer.alloc(4096);
+    const entries = [1, 2].map((version) => ({ version, key: two.version(version)!.material, aad: two.version(version)!.aad }));
+    const good = Buffer.from(packVersions(entries));
+    expect(nativeKernel!.run(params, good, input, out).slice(2, 4)).toEqual([1, 0]);
+    const withHeader = (count: number, stride: number, body = good.subarray(8)) => Buffer.concat([Buffer.from(new Uint32Array([count, stride]).buffer), body]);
+    const refused: Array<[unknown, RegExp]> = [
+      [[{ version: 1, key: randomBytes(32), aad: Buffer.alloc(0) }], /Uint8Array of packed key versions/],
+      [good.subarray(0, 7), /Uint8Array of packed key versions/],
+      [good.subarray(0, good.length - 1), /count entries of stride bytes/],
+      [withHeader(0, good.readUInt32LE(4)), /count entries/],
+      [withHeader(3, good.readUInt32LE(4)), /count entries/],
+      [withHeader(2, 39, good.subarray(8, 8 + 78)), /each at least 40/],
+      [withHeader(0xffffffff, 0xffffffff), /count entries/],
+      [packVersions(entries.slice(0, 1)), /the latest version/],
+    ];
+    for (const [versions, message] of refused) expect(() => nativeKernel!.run(params, versions as Uint8Array, input, out)).toThrow(message);
+    // An entry whose aad length runs past its stride is not found: its items fail, nothing is read past it.
+    const overlong = Buffer.from(good);
+    overlong.writeUInt32LE(0xfffffff0, 8 + 4);
+    expect(nativeKernel!.run(params, overlong, input, out).slice(2, 4)).toEqual([0, 1]);
+    expect(() => packVersions([entries[0]!, entries[0]!])).toThrow(/one entry per version/);
+  });
+
   it('decrypts right while other threads load the addon: loading writes nothing threads share', async () => {
     // Every worker thread loads the addon; a table filled at load once read as "not base64"
     // for a moment in threads already decoding, and items failed for good.

@@ -3,6 +3,7 @@ import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ChunkPacker } from '../../shared/chunk-codec.js';
 import { gcmOpen, gcmSeal } from '../../shared/crypto/aes-gcm.js';
+import { packVersions } from '../../shared/crypto/key-ring.js';
 import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { RESULTS_FORMAT, resultLines } from '../../shared/result-codec.js';
 
@@ -44,7 +45,7 @@ describe('AES-256-GCM against the Wycheproof vectors', () => {
       const out = Buffer.alloc(4096);
       out[0] = RESULTS_FORMAT;
       const params = new Uint32Array([1, 1, 0, 0, 1 << 20, 1, 1]); // decrypt, base64 out, records
-      const [written, count, succeeded] = nativeKernel!.run(params, [{ version: 1, key: hex(v.key), aad: hex(v.aad) }], input, out.subarray(1));
+      const [written, count, succeeded] = nativeKernel!.run(params, packVersions([{ version: 1, key: hex(v.key), aad: hex(v.aad) }]), input, out.subarray(1));
       const [text] = resultLines(out.subarray(0, 1 + written), 0, 0, nativeKernel);
       const line = JSON.parse(text!.toString()) as { plaintext?: string; error?: { code: string } };
       expect(count).toBe(1);
