@@ -1,5 +1,5 @@
 import type { KeyRing } from './crypto/key-ring.js';
-import { KeyfleetError } from './errors.js';
+import { keyNotFound } from './errors.js';
 import type { KeyStore, LoadedKey } from './key-store.js';
 
 interface Entry {
@@ -52,7 +52,7 @@ export class KeyCache {
     const key = await entry.key;
     if (!key) {
       entries.delete(name);
-      throw new KeyfleetError('KF_KEY_NOT_FOUND');
+      throw keyNotFound(name);
     }
     return key;
   }

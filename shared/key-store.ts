@@ -2,7 +2,7 @@ import type { Result } from 'ioredis';
 import { randomBytes } from 'node:crypto';
 import { KEY_BYTES } from './crypto/aes-gcm.js';
 import { KeyRing, type KeyType } from './crypto/key-ring.js';
-import { KeyfleetError } from './errors.js';
+import { KeyfleetError, keyNotFound } from './errors.js';
 import type { MasterKey } from './master-key.js';
 import type { Redis, RedisKeys } from './redis.js';
 import type { KeyInfo, KeyList, KeyPolicyPatch } from './schemas.js';
@@ -172,7 +172,7 @@ export class KeyStore {
 
   async info(tenant: string, name: string): Promise<KeyInfo> {
     const info = await this.#read(tenant, name);
-    if (!info) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (!info) throw keyNotFound(name);
     return info;
   }
 
@@ -246,7 +246,7 @@ export class KeyStore {
       if (ifLatest !== undefined && latestVersion !== ifLatest) return this.info(tenant, name);
       const wrapped = this.#master.wrap(randomBytes(KEY_BYTES), tenant, name, latestVersion + 1);
       const result = await this.#redis.kfKeyRotate(this.#keys.key(tenant, name), String(latestVersion), wrapped, Date.now(), this.#keys.keyChanges);
-      if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+      if (result === -1) throw keyNotFound(name);
       if (result > 0) return this.info(tenant, name);
     }
     throw new KeyfleetError('KF_KEY_CONFLICT');
@@ -255,7 +255,7 @@ export class KeyStore {
   async patch(tenant: string, name: string, patch: KeyPolicyPatch): Promise<KeyInfo> {
     const arg = (v: number | boolean | undefined) => (v === undefined ? '' : typeof v === 'boolean' ? (v ? '1' : '0') : String(v));
     const result = await this.#redis.kfKeyPatch(this.#keys.key(tenant, name), arg(patch.minDecryptionVersion), arg(patch.deletionAllowed), arg(patch.autoRotatePeriod), arg(patch.minEncryptionVersion), this.#keys.keyChanges);
-    if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (result === -1) throw keyNotFound(name);
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID');
     if (result === -3) throw new KeyfleetError('KF_KEY_VERSION_INVALID', 'that version was trimmed: its material is gone');
     return this.info(tenant, name);
@@ -264,7 +264,7 @@ export class KeyStore {
   /** Deletes the material of versions below `minAvailableVersion` (at most minDecryptionVersion): those ciphertexts are gone for good. */
   async trim(tenant: string, name: string, minAvailableVersion: number): Promise<KeyInfo> {
     const result = await this.#redis.kfKeyTrim(this.#keys.key(tenant, name), minAvailableVersion, this.#keys.keyChanges);
-    if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (result === -1) throw keyNotFound(name);
     if (result === -2) throw new KeyfleetError('KF_KEY_VERSION_INVALID', 'minAvailableVersion must be between 1 and minDecryptionVersion');
     return this.info(tenant, name);
   }
@@ -272,7 +272,7 @@ export class KeyStore {
   /** Deletes a key that was marked `deletionAllowed`. */
   async delete(tenant: string, name: string): Promise<void> {
     const result = await this.#redis.kfKeyDelete(this.#keys.key(tenant, name), this.#keys.keyIndex(tenant), this.#keys.keyChanges, name);
-    if (result === -1) throw new KeyfleetError('KF_KEY_NOT_FOUND');
+    if (result === -1) throw keyNotFound(name);
     if (result === -2) throw new KeyfleetError('KF_KEY_DELETION_NOT_ALLOWED');
   }
 

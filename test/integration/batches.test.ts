@@ -362,7 +362,7 @@ describe('batches', () => {
   it('rejects uploads for unknown keys and empty uploads with clear errors', async () => {
     const unknown = await client.uploadNdjson('encrypt', 'no-such-key', ['a']);
     expect(unknown.status).toBe(404);
-    expect(unknown.body.error.code).toBe('KF_KEY_NOT_FOUND');
+    expect(unknown.body.error).toEqual({ code: 'KF_KEY_NOT_FOUND', message: 'no key named "no-such-key"' });
     const empty = await client.uploadNdjson('encrypt', 'serials', []);
     expect(empty.status).toBe(400);
     const badOp = await client.uploadNdjson('explode', 'serials', ['a']);

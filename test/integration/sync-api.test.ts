@@ -50,7 +50,10 @@ describe('keys', () => {
     const foreign = await app.inject({ method: 'GET', url: '/v1/keys/licences', headers: bearer(other) });
     expect(missing.statusCode).toBe(404);
     expect(foreign.statusCode).toBe(404);
-    expect(foreign.json()).toEqual(missing.json());
+    // Each names the key asked for, and nothing else: another tenant's key reads as no key at all.
+    const notFound = (name: string) => ({ error: { code: 'KF_KEY_NOT_FOUND', message: `no key named "${name}"` } });
+    expect(missing.json()).toEqual(notFound('nope'));
+    expect(foreign.json()).toEqual(notFound('licences'));
   });
 });
 
@@ -210,7 +213,10 @@ describe('auth and input errors', () => {
     expect(badJson.json().error.code).toBe('KF_INVALID_JSON');
     const unknownKey = await post('/v1/encrypt/nope', { items: ['a'] });
     expect(unknownKey.statusCode).toBe(404);
-    expect(unknownKey.json().error.code).toBe('KF_KEY_NOT_FOUND');
+    expect(unknownKey.json().error).toEqual({ code: 'KF_KEY_NOT_FOUND', message: 'no key named "nope"' });
+    // A rewrap names the one of its two keys that is missing.
+    const unknownTarget = await post('/v1/rewrap/licences', { items: ['a'], targetKey: 'nowhere' });
+    expect(unknownTarget.json().error).toEqual({ code: 'KF_KEY_NOT_FOUND', message: 'no key named "nowhere"' });
     const badName = await post('/v1/encrypt/bad%20name', { items: ['a'] });
     expect(badName.statusCode).toBe(400);
   });
