@@ -2,7 +2,7 @@ import { UnrecoverableError, Worker } from 'bullmq';
 import type { Registry } from 'prom-client';
 import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
-import { requireMasterKey, type Config } from '../shared/config.js';
+import { requireMasterKey, shownRedisUrl, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
 import { KeyChanges } from '../shared/key-changes.js';
 import { KeyPolicy } from '../shared/key-policy.js';
@@ -10,6 +10,7 @@ import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
+import { projectVersion } from '../shared/project-root.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue, parseChunkJobId } from '../shared/queue.js';
@@ -112,7 +113,17 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
 
   taking = true;
   logger.info(
-    { threads: pool.threads, kernel, ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}), concurrency: config.workerConcurrency, queue: `${keys.prefix}:${keys.queueName}`, metricsPort: http.port },
+    {
+      version: projectVersion(),
+      redis: shownRedisUrl(config.redisUrl),
+      ...(config.redisCluster ? { redisCluster: true } : {}),
+      queue: `${keys.prefix}:${keys.queueName}`,
+      threads: pool.threads,
+      kernel,
+      ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}),
+      concurrency: config.workerConcurrency,
+      metricsPort: http.port,
+    },
     'worker started',
   );
 
