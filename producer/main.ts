@@ -2,7 +2,7 @@ import { shownRedisUrl } from '../shared/config.js';
 import { resolveKernel } from '../shared/crypto/kernel.js';
 import { projectVersion } from '../shared/project-root.js';
 import { drainOnSignals } from '../shared/shutdown.js';
-import { startProcess } from '../shared/startup.js';
+import { cannotListen, startProcess } from '../shared/startup.js';
 import { buildApp } from './app.js';
 
 /**
@@ -16,7 +16,9 @@ const SHUTDOWN_DEADLINE_MS = 25_000;
 /** The API server entry: listens on HOST:PORT and drains on SIGTERM/SIGINT; one that cannot start exits 1. */
 await startProcess('keyfleet-api', ['KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY'], async (config, logger) => {
   const app = await buildApp({ config, logger });
-  const address = await app.listen({ host: config.host, port: config.port });
+  const address = await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
+    throw cannotListen('PORT', config.host, config.port, err, 'another process listens there; set PORT to a free one');
+  });
   // What an operator asks first of a process: which version, which Redis (its password not
   // shown) and which keys in it, and the limits that shape its answers.
   logger.info(

@@ -1,5 +1,5 @@
 import { pino } from 'pino';
-import { loadConfig, type Config, type RequiredSetting } from './config.js';
+import { ConfigError, loadConfig, type Config, type RequiredSetting } from './config.js';
 import { createLogger, loggerOptions, type Logger } from './logger.js';
 
 /** The level before the configuration is read (LOG_LEVEL's default). */
@@ -33,4 +33,18 @@ export async function startProcess(name: string, required: readonly RequiredSett
   } catch (err) {
     exitNotStarted(name, level, err);
   }
+}
+
+/**
+ * A server that could not listen, as the setting to change: a ConfigError, whose fatal line
+ * shows no stack (neither its own nor the system error's says more than the message), carrying
+ * the system error's code, syscall, address and port. `whenInUse` says what to do about a port
+ * another process holds.
+ */
+export function cannotListen(setting: string, host: string, port: number, err: unknown, whenInUse: string): ConfigError {
+  const cause = err as NodeJS.ErrnoException;
+  const where = `port ${port} on ${host}`;
+  const refused = new ConfigError(cause.code === 'EADDRINUSE' ? `${setting}: ${where} is in use: ${whenInUse}` : `${setting}: cannot listen on ${where} (HOST): ${cause.message}`);
+  const { code, errno, syscall } = cause;
+  return Object.assign(refused, { code, errno, syscall, address: host, port });
 }

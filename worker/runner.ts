@@ -15,6 +15,7 @@ import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
 import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue, parseChunkJobId } from '../shared/queue.js';
 import { ConnectionErrorLog, createRedis, RedisKeys, watchEvictionPolicy } from '../shared/redis.js';
+import { cannotListen } from '../shared/startup.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
@@ -153,12 +154,6 @@ async function listenForProbes(config: Config, registry: Registry, ready: () => 
   try {
     return await startWorkerHttp({ host: config.host, port: config.workerMetricsPort, registry, ready });
   } catch (err) {
-    const where = `port ${config.workerMetricsPort} on ${config.host}`;
-    throw new Error(
-      (err as NodeJS.ErrnoException).code === 'EADDRINUSE'
-        ? `WORKER_METRICS_PORT: ${where} is in use: each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one`
-        : `WORKER_METRICS_PORT: the worker's metrics server cannot listen on ${where} (HOST): ${(err as Error).message}`,
-      { cause: err },
-    );
+    throw cannotListen('WORKER_METRICS_PORT', config.host, config.workerMetricsPort, err, 'each worker process on one host needs its own WORKER_METRICS_PORT, or 0 for a free one');
   }
 }
