@@ -691,7 +691,9 @@ static napi_value set_idle_scheduling(napi_env env, napi_callback_info info) {
 // token's UTF-8 (a lone surrogate as U+FFFD). Why here: Node 20's one-shot hash() fetches
 // SHA-256 from OpenSSL's provider on every call (1.2 µs, about 5% of the API's CPU under the
 // 10-item sync load); here it is fetched once per thread and the context kept.
-#define TOKEN_BYTES 1024 // no token it could match is longer than MAX_TOKEN_LENGTH (512) bytes
+// A presented token of more UTF-8 bytes than this is found nowhere, unread: KEYFLEET_TOKENS takes
+// tokens of at most MAX_TOKEN_LENGTH (512) ASCII characters (shared/tokens.ts, matchDigest alike).
+#define TOKEN_BYTES 512
 static __thread EVP_MD *sha256;
 static __thread EVP_MD_CTX *tl_md;
 
@@ -699,15 +701,17 @@ static napi_value token_index(napi_env env, napi_callback_info info) {
   size_t argc = 2, digests_len, len = 0;
   napi_value argv[2];
   uint8_t *digests;
-  char token[TOKEN_BYTES];
+  char token[TOKEN_BYTES + 1];
   CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  // Its length first: a string that does not fit is not cut short to be compared (N-API would
+  // cut it at a character's edge, anywhere up to the buffer's end).
   if (argc != 2 || !typed_u8(env, argv[1], &digests, &digests_len) || digests_len % 32 != 0 ||
-      napi_get_value_string_utf8(env, argv[0], token, sizeof token, &len) != napi_ok)
+      napi_get_value_string_utf8(env, argv[0], NULL, 0, &len) != napi_ok)
     return throw_msg(env, "tokenIndex(token, digests): token must be a string, digests a Uint8Array of 32-byte digests");
   int32_t found = -1;
-  // A token that filled the buffer may have been cut short: it is longer than any that can match.
-  if (len < sizeof token - 1) {
+  if (len <= TOKEN_BYTES) {
     uint8_t md[32];
+    CHECK(napi_get_value_string_utf8(env, argv[0], token, sizeof token, &len));
     if (!sha256) sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
     if (!tl_md) tl_md = EVP_MD_CTX_new();
     int ok = sha256 && tl_md && EVP_DigestInit_ex(tl_md, sha256, NULL) && EVP_DigestUpdate(tl_md, token, len) && EVP_DigestFinal_ex(tl_md, md, NULL);
@@ -716,8 +720,7 @@ static napi_value token_index(napi_env env, napi_callback_info info) {
     for (size_t i = 0; i < digests_len / 32; i++) {
       if (CRYPTO_memcmp(md, digests + 32 * i, 32) == 0 && found < 0) found = (int32_t)i;
     }
-  } else {
-    OPENSSL_cleanse(token, sizeof token);
+    OPENSSL_cleanse(md, sizeof md);
   }
   napi_value out;
   CHECK(napi_create_int32(env, found, &out));

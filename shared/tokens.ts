@@ -78,8 +78,13 @@ const DIGEST_BYTES = 32;
 // One-shot hash: no Hash object per request.
 const digest = (token: string): Buffer => hash('sha256', token, 'buffer');
 
-/** node:crypto's matcher; the API uses the native kernel's tokenIndex where it is built (a quarter of the cost). */
+/**
+ * node:crypto's matcher; the API uses the native kernel's tokenIndex where it is built (a
+ * tenth of the cost). Both find a token of more than MAX_TOKEN_LENGTH UTF-8 bytes nowhere:
+ * no entry is longer (parseTokens).
+ */
 export const matchDigest: DigestMatcher = (token, digests) => {
+  if (token.length > MAX_TOKEN_LENGTH || Buffer.byteLength(token, 'utf8') > MAX_TOKEN_LENGTH) return -1;
   const presented = digest(token);
   let found = -1;
   for (let i = 0; i < digests.length / DIGEST_BYTES; i++) {
@@ -98,6 +103,8 @@ export class TokenVerifier {
   readonly #match: DigestMatcher;
 
   constructor(entries: readonly TokenEntry[], match: DigestMatcher = matchDigest) {
+    // parseTokens takes none longer; a longer one would be found by neither matcher.
+    if (entries.some((e) => Buffer.byteLength(e.token, 'utf8') > MAX_TOKEN_LENGTH)) throw new RangeError(`a token of at most ${MAX_TOKEN_LENGTH} bytes`);
     this.#digests = Buffer.concat(entries.map((e) => digest(e.token)));
     this.#principals = entries.map((e) => ({ tenant: e.tenant, scopes: e.scopes }));
     this.#match = match;

@@ -223,20 +223,23 @@ describe('tokens', () => {
 
   it('finds the same entry with the native kernel as with node:crypto, whatever is presented', () => {
     // Presented tokens arrive through HTTP Basic too, so any string: non-ASCII, lone surrogates
-    // (both encode them as U+FFFD), the longest the kernel reads (1,022 bytes) and longer.
-    const presented = ['', 'x', 'é', '\ud800', 'a\ud83d\ude00b', '\ufffd', 'x'.repeat(1022), 'é'.repeat(511), ...Array.from({ length: 50 }, () => randomBytes(24).toString('base64'))];
+    // (both encode them as U+FFFD), up to the longest an entry can be (512 bytes) and longer.
+    const presented = ['', 'x', 'é', '\ud800', 'a\ud83d\ude00b', '\ufffd', 'x'.repeat(512), 'é'.repeat(256), 'x'.repeat(513), 'é'.repeat(257), ...Array.from({ length: 50 }, () => randomBytes(24).toString('base64'))];
     const table = [...presented.filter((_, i) => i % 2 === 0), '\udfff'];
     const digests = Buffer.concat(table.map((t) => hash('sha256', t, 'buffer')));
-    for (const token of [...presented, ...table, 'x'.repeat(1021)]) {
+    for (const token of [...presented, ...table, 'x'.repeat(511)]) {
       expect(nativeKernel!.tokenIndex(token, digests), JSON.stringify(token.slice(0, 20))).toBe(matchDigest(token, digests));
     }
+    expect(nativeKernel!.tokenIndex('x'.repeat(512), digests)).toBe(table.indexOf('x'.repeat(512)));
+    expect(nativeKernel!.tokenIndex('é'.repeat(256), digests)).toBe(table.indexOf('é'.repeat(256)));
     // A lone surrogate is U+FFFD to both, whichever one it is.
     for (const token of ['\ud800', '\ufffd']) expect(nativeKernel!.tokenIndex(token, digests)).toBe(table.length - 1);
-    // Longer than any token KEYFLEET_TOKENS takes (512 characters): never found, and not cut short to be compared.
-    const long = 'y'.repeat(1023);
-    expect(matchDigest(long, hash('sha256', long, 'buffer'))).toBe(0);
-    expect(nativeKernel!.tokenIndex(long, hash('sha256', long, 'buffer'))).toBe(-1);
-    expect(nativeKernel!.tokenIndex('y'.repeat(5000), hash('sha256', 'y'.repeat(1023), 'buffer'))).toBe(-1);
+    // Longer than any token KEYFLEET_TOKENS takes (512 bytes): never found by either, and not cut
+    // short to be compared (at a character's edge, a cut would leave a string that could match).
+    for (const [token, listed] of [['y'.repeat(513), 'y'.repeat(513)], ['é'.repeat(257), 'é'.repeat(257)], ['y'.repeat(1022) + 'é', 'y'.repeat(1022)], ['y'.repeat(1020) + '\ud83d\ude00', 'y'.repeat(1020)], ['y'.repeat(5000), 'y'.repeat(1023)]]) {
+      const only = hash('sha256', listed!, 'buffer');
+      expect([nativeKernel!.tokenIndex(token!, only), matchDigest(token!, only)]).toEqual([-1, -1]);
+    }
     expect(() => nativeKernel!.tokenIndex(42 as unknown as string, digests)).toThrow(/tokenIndex\(token, digests\)/);
     expect(() => nativeKernel!.tokenIndex('x', digests.subarray(0, 31))).toThrow(/32-byte digests/);
   });
