@@ -17,7 +17,8 @@ const SHUTDOWN_DEADLINE_MS = 25_000;
 await startProcess('keyfleet-api', ['KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY'], async (config, logger) => {
   const app = await buildApp({ config, logger });
   const address = await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
-    throw cannotListen('PORT', config.host, config.port, err, 'another process listens there; set PORT to a free one');
+    // listen() readies the app first: only the bind's own failure is about PORT.
+    throw (err as NodeJS.ErrnoException).syscall === 'listen' ? cannotListen('PORT', config.host, config.port, err, 'another process listens there; set PORT to a free one') : err;
   });
   // What an operator asks first of a process: which version, which Redis (its password not
   // shown) and which keys in it, and the limits that shape its answers.

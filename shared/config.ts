@@ -285,10 +285,12 @@ const SECRET_VARIABLES = new Set(['KEYFLEET_MASTER_KEY', 'KEYFLEET_MASTER_KEY_PR
  * (a password may hold raw @, commas and newlines). A URL begins only where a comma is followed
  * by redis:// or rediss://, as in a cluster's seed list: split at every comma, a password with a
  * raw comma showed its pieces. Nor need a URL have its //: `redis:/:password@host` hides it too.
+ * Nor a credential in its query: ioredis takes `?password=…` (and `username`, `sentinelPassword`)
+ * from there as well; other parameters (`db`) stay, to be seen.
  */
 export const shownRedisUrl = (value: string): string =>
   seedsAsWritten(value)
-    .map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@'))
+    .map((url) => url.replace(/^(\s*rediss?:\/*)?[\s\S]*@/i, '$1…@').replace(/([?&][^=&]*(?:pass|user|secret|token|auth)[^=&]*=)[^&]*/gi, '$1…'))
     .join(',');
 const shown = (name: string, value: string | undefined): string => JSON.stringify(name === 'REDIS_URL' && value ? shownRedisUrl(value) : value);
 

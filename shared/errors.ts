@@ -86,8 +86,8 @@ export class KeyfleetError extends Error {
   }
 }
 
-/** The JSON of an item-level error, shared by the sync path and the batch kernel. */
 /** KF_KEY_NOT_FOUND naming the key (a name, never material): with a rewrap's two keys, it says which. */
 export const keyNotFound = (name: string): KeyfleetError => new KeyfleetError('KF_KEY_NOT_FOUND', `no key named ${JSON.stringify(name)}`);
 
+/** The JSON of an item-level error, shared by the sync path and the batch kernel. */
 export const itemError = (code: ErrorCode): { error: ErrorBody } => ({ error: { code, message: CATALOGUE[code].message } });

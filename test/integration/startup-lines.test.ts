@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { nativeKernel } from '../../shared/crypto/native-kernel.js';
 import { testEnv } from '../helpers/env.js';
 import { startApiAndWorker, type RunningProcess } from '../helpers/processes.js';
 
@@ -21,10 +22,11 @@ describe('start-up lines', () => {
     running.push(api, worker);
     const line = async (p: RunningProcess, msg: string) => JSON.parse(await p.waitFor(new RegExp(`"msg":"${msg}"`))) as Record<string, unknown>;
     const redis = env['REDIS_URL'].replace(`default:${password}@`, '…@');
+    const kernel = nativeKernel ? 'native' : 'js';
     expect(await line(api, 'api started')).toMatchObject({
-      level: 30, version, address: api.url, redis, prefix: env['KEYFLEET_PREFIX'], kernel: 'native', syncMaxItems: 500, chunkItems: 2000,
+      level: 30, version, address: api.url, redis, prefix: env['KEYFLEET_PREFIX'], kernel, syncMaxItems: 500, chunkItems: 2000,
     });
-    expect(await line(worker, 'worker started')).toMatchObject({ level: 30, version, redis, queue: expect.stringContaining(env['KEYFLEET_PREFIX']!), kernel: 'native' });
+    expect(await line(worker, 'worker started')).toMatchObject({ level: 30, version, redis, queue: expect.stringContaining(env['KEYFLEET_PREFIX']!), kernel });
     expect([...api.lines, ...worker.lines].filter((l) => l.includes(password))).toEqual([]);
   });
 });

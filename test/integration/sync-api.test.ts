@@ -216,6 +216,7 @@ describe('auth and input errors', () => {
     expect(unknownKey.json().error).toEqual({ code: 'KF_KEY_NOT_FOUND', message: 'no key named "nope"' });
     // A rewrap names the one of its two keys that is missing.
     const unknownTarget = await post('/v1/rewrap/licences', { items: ['a'], targetKey: 'nowhere' });
+    expect(unknownTarget.statusCode).toBe(404);
     expect(unknownTarget.json().error).toEqual({ code: 'KF_KEY_NOT_FOUND', message: 'no key named "nowhere"' });
     const badName = await post('/v1/encrypt/bad%20name', { items: ['a'] });
     expect(badName.statusCode).toBe(400);

@@ -147,6 +147,8 @@ describe('configuration', () => {
   it('shows a REDIS_URL without its password where npm start prints it, each URL of a seed list', () => {
     expect(shownRedisUrl('redis://127.0.0.1:6379')).toBe('redis://127.0.0.1:6379');
     expect(shownRedisUrl('rediss://app:p@ss,word@h1:6380, redis://:pw@[::1]:6379')).toBe('rediss://…@h1:6380, redis://…@[::1]:6379');
+    // ioredis reads a password from the query too.
+    expect(shownRedisUrl('redis://redis:6379/0?password=hunter2&family=6,redis://:p?w@h2:6379?db=2&username=u&sentinelPassword=s')).toBe('redis://redis:6379/0?password=…&family=6,redis://…@h2:6379?db=2&username=…&sentinelPassword=…');
   });
 
   it('refuses an empty REDIS_URL instead of reading it as unset: the default would be a Redis on 127.0.0.1 where another was meant', () => {

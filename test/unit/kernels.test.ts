@@ -158,7 +158,7 @@ describe('the native kernel', () => {
       }
     }
   });
-  it('opens every version of a key rotated hundreds of times, given in any order, as the js kernel does', () => {
+  it('opens every version of a key rotated hundreds of times, its versions given to the ring in any order, as the js kernel does', () => {
     const material = Array.from({ length: 300 }, () => randomBytes(32));
     // Versions 1..300 but 150, handed over shuffled: the kernel's lookup must not depend on the order.
     const versions = material.map((m, i) => ({ version: i + 1, material: m })).filter((v) => v.version !== 150).sort(() => Math.random() - 0.5);
