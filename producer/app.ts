@@ -184,7 +184,6 @@ export async function buildApp({ config, logger }: AppOptions): Promise<FastifyI
   const services = createApiServices(config, app.log as Logger);
   app.decorate('services', services);
   app.decorate('keyfleet', config);
-  app.addHook('onReady', async () => app.log.info({ kernel }, 'crypto kernel'));
   // Keys made by an API from before the key index are listed once a start has indexed them; in
   // the background, as the scan reads every key's name.
   const indexing = new AbortController();

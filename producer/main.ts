@@ -1,8 +1,5 @@
-import { shownRedisUrl } from '../shared/config.js';
-import { resolveKernel } from '../shared/crypto/kernel.js';
-import { projectVersion } from '../shared/project-root.js';
 import { drainOnSignals } from '../shared/shutdown.js';
-import { cannotListen, startProcess } from '../shared/startup.js';
+import { cannotListen, startFacts, startProcess } from '../shared/startup.js';
 import { buildApp } from './app.js';
 
 /**
@@ -22,10 +19,7 @@ await startProcess('keyfleet-api', ['KEYFLEET_TOKENS', 'KEYFLEET_MASTER_KEY'], a
   });
   // What an operator asks first of a process: which version, which Redis (its password not
   // shown) and which keys in it, and the limits that shape its answers.
-  logger.info(
-    { version: projectVersion(), address, redis: shownRedisUrl(config.redisUrl), ...(config.redisCluster ? { redisCluster: true } : {}), prefix: config.prefix, kernel: resolveKernel(config.kernel), syncMaxItems: config.syncMaxItems, chunkItems: config.chunkItems },
-    'api started',
-  );
+  logger.info({ ...startFacts(config), address, prefix: config.prefix, syncMaxItems: config.syncMaxItems, chunkItems: config.chunkItems }, 'api started');
 
   drainOnSignals({
     logger,

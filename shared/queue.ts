@@ -12,10 +12,11 @@ export interface ChunkQueueOptions {
 
 /** BullMQ job ids may not contain ':'; batch ids are base64url, so '.' separates safely. */
 export const chunkJobId = (batchId: string, chunk: number): string => `${batchId}.${chunk}`;
-/** A chunk job's batch and chunk, from its id (batch ids hold no dot); neither for another id. */
+/** A chunk job's batch and chunk, chunkJobId read back (batch ids hold no dot); neither for another id. */
 export function parseChunkJobId(jobId: string): { batchId?: string; chunk?: number } {
-  const match = /^([A-Za-z0-9_-]+)\.(\d+)$/.exec(jobId);
-  return match ? { batchId: match[1]!, chunk: Number(match[2]) } : {};
+  const dot = jobId.lastIndexOf('.');
+  const chunk = jobId.slice(dot + 1);
+  return dot > 0 && /^\d+$/.test(chunk) ? { batchId: jobId.slice(0, dot), chunk: Number(chunk) } : {};
 }
 
 export function createChunkQueue(connection: Redis, keys: RedisKeys, { attempts, errors }: ChunkQueueOptions): Queue<ChunkJobData> {

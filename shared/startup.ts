@@ -1,6 +1,9 @@
 import { pino } from 'pino';
-import { ConfigError, loadConfig, type Config, type RequiredSetting } from './config.js';
+import { ConfigError, loadConfig, shownRedisUrl, type Config, type RequiredSetting } from './config.js';
+import { resolveKernel } from './crypto/kernel.js';
+import { nativeKernelUnavailable } from './crypto/native-kernel.js';
 import { createLogger, loggerOptions, type Logger } from './logger.js';
+import { projectVersion } from './project-root.js';
 
 /** The level before the configuration is read (LOG_LEVEL's default). */
 const UNCONFIGURED_LEVEL = 'info';
@@ -47,4 +50,18 @@ export function cannotListen(setting: string, host: string, port: number, err: u
   const refused = new ConfigError(cause.code === 'EADDRINUSE' ? `${setting}: ${where} is in use: ${whenInUse}` : `${setting}: cannot listen on ${where} (HOST): ${cause.message}`);
   const { code, errno, syscall } = cause;
   return Object.assign(refused, { code, errno, syscall, address: host, port });
+}
+
+/**
+ * What the API's and every worker's start line say first: the version, the Redis (without its
+ * credentials) and the crypto kernel, with why the native one is not in use where it is not.
+ */
+export function startFacts(config: Config): Record<string, unknown> {
+  return {
+    version: projectVersion(),
+    redis: shownRedisUrl(config.redisUrl),
+    ...(config.redisCluster ? { redisCluster: true } : {}),
+    kernel: resolveKernel(config.kernel),
+    ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}),
+  };
 }

@@ -2,7 +2,7 @@ import { UnrecoverableError, Worker } from 'bullmq';
 import type { Registry } from 'prom-client';
 import { AtRestSealer } from '../shared/at-rest.js';
 import { BatchStore } from '../shared/batch-store.js';
-import { requireMasterKey, shownRedisUrl, type Config } from '../shared/config.js';
+import { requireMasterKey, type Config } from '../shared/config.js';
 import { KeyCache } from '../shared/key-cache.js';
 import { KeyChanges } from '../shared/key-changes.js';
 import { KeyPolicy } from '../shared/key-policy.js';
@@ -10,12 +10,10 @@ import { KeyStore } from '../shared/key-store.js';
 import type { Logger } from '../shared/logger.js';
 import { MasterKey } from '../shared/master-key.js';
 import { createRegistry, WorkerMetrics } from '../shared/metrics.js';
-import { projectVersion } from '../shared/project-root.js';
 import { resolveKernel, resultFormatter } from '../shared/crypto/kernel.js';
-import { nativeKernelUnavailable } from '../shared/crypto/native-kernel.js';
 import { createWebhookQueue, parseChunkJobId } from '../shared/queue.js';
 import { ConnectionErrorLog, createRedis, RedisKeys, watchEvictionPolicy } from '../shared/redis.js';
-import { cannotListen } from '../shared/startup.js';
+import { cannotListen, startFacts } from '../shared/startup.js';
 import type { ChunkJobData } from '../shared/schemas.js';
 import { WebhookSender } from '../shared/webhooks.js';
 import { startWorkerHttp } from './http-server.js';
@@ -34,7 +32,7 @@ export interface RunningWorker {
 export async function startWorker(config: Config, logger: Logger): Promise<RunningWorker> {
   // Before anything is opened: a worker that cannot run fails without a connection or thread to close.
   const masterKey = requireMasterKey(config);
-  const kernel = resolveKernel(config.kernel); // `native` asked for and not built
+  resolveKernel(config.kernel); // fails here where `native` was asked for and is not built
   const errors = new ConnectionErrorLog(logger);
   const redis = createRedis(config, { role: 'worker', errors });
   watchEvictionPolicy(redis, logger);
@@ -114,17 +112,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<Runni
 
   taking = true;
   logger.info(
-    {
-      version: projectVersion(),
-      redis: shownRedisUrl(config.redisUrl),
-      ...(config.redisCluster ? { redisCluster: true } : {}),
-      queue: `${keys.prefix}:${keys.queueName}`,
-      threads: pool.threads,
-      kernel,
-      ...(nativeKernelUnavailable ? { nativeUnavailable: nativeKernelUnavailable } : {}),
-      concurrency: config.workerConcurrency,
-      metricsPort: http.port,
-    },
+    { ...startFacts(config), queue: `${keys.prefix}:${keys.queueName}`, threads: pool.threads, concurrency: config.workerConcurrency, metricsPort: http.port },
     'worker started',
   );
 
